@@ -1,0 +1,499 @@
+"""BERT (Devlin et al. 2018) and every head we serve, in one file you can read top to bottom.
+
+Module and parameter names follow transformers' `modeling_bert.py`, so state dicts map one to
+one onto Hugging Face checkpoints (see `training/checkpoint.py`).
+
+    >>> from training.config import BertConfig
+    >>> from training.model import BertForSequenceClassification
+    >>> model = BertForSequenceClassification(BertConfig.preset("tiny"), num_labels=2)
+    >>> out = model(input_ids, attention_mask, token_type_ids, labels=labels)
+    >>> out.loss.backward()
+
+Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H / nh), V vocabulary, C labels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from training.config import BertConfig
+
+ACT = {
+    "gelu": nn.GELU(),  # exact erf GELU, as the original BERT code
+    "gelu_new": nn.GELU(approximate="tanh"),
+    "gelu_pytorch_tanh": nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU(),
+}
+
+
+# --- encoder ----------------------------------------------------------------------------
+
+
+class BertEmbeddings(nn.Module):
+    """token + learned absolute position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )  # (B, T, H)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    # "sdpa" trains fast (flash / memory-efficient kernels); "eager" spells the attention out
+    # as matmul-softmax-matmul, the graph shape ONNX Runtime's BERT optimizer fuses into one
+    # Attention op. `set_attention_implementation` switches a whole model.
+    implementation = "sdpa"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
+        """x (B, T, H); mask_bias (B, 1, 1, T): 0 where attended, a large negative at padding."""
+        B, T, H = x.shape
+        q = self.split_heads(self.query(x))
+        k = self.split_heads(self.key(x))
+        v = self.split_heads(self.value(x))
+        if self.implementation == "sdpa":
+            p = self.dropout_p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_bias, dropout_p=p)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
+            probs = self.dropout(torch.softmax(scores + mask_bias, dim=-1))  # (B, nh, T, T)
+            y = torch.matmul(probs, v)  # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN, as in BERT
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
+        return self.output(self.self(x, mask_bias), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT[config.hidden_act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.dense(x))
+
+
+class BertOutput(BertSelfOutput):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
+        x = self.attention(x, mask_bias)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: Tensor, mask_bias: Tensor) -> list[Tensor]:
+        """Returns the embeddings output and every layer's output: L + 1 tensors (B, T, H)."""
+        hidden = [x]
+        for layer in self.layer:
+            x = layer(x, mask_bias)
+            hidden.append(x)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence representation NSP and classification read."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.activation(self.dense(hidden[:, 0]))
+
+
+@dataclass
+class BertOutputs:
+    last_hidden_state: Tensor  # (B, T, H)
+    pooler_output: Tensor | None  # (B, H)
+    hidden_states: list[Tensor]  # L + 1 tensors (B, T, H), embeddings first
+
+
+class BertModel(nn.Module):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> BertOutputs:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        # (B, T) 1/0 -> (B, 1, 1, T) additive bias, broadcast over heads and query positions.
+        mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        hidden = self.encoder(x, mask_bias)
+        last = hidden[-1]
+        pooled = self.pooler(last) if self.pooler is not None else None
+        return BertOutputs(last, pooled, hidden)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: truncated-normal-like N(0, 0.02) weights, zero biases, unit LN."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+            if m.padding_idx is not None:
+                m.weight.data[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def set_attention_implementation(model: nn.Module, implementation: str) -> None:
+    """'sdpa' for training, 'eager' for ONNX export (the graph ORT fuses)."""
+    if implementation not in ("sdpa", "eager"):
+        raise ValueError(f"attention implementation must be sdpa or eager, not {implementation!r}")
+    for m in model.modules():
+        if isinstance(m, BertSelfAttention):
+            m.implementation = implementation
+
+
+# --- heads ------------------------------------------------------------------------------
+
+
+class BertPreTrainedHead(nn.Module):
+    """Shared base: builds `self.bert`, initialises every weight, counts parameters."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer)
+
+    def post_init(self) -> None:
+        init_weights(self, self.config.initializer_range)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: Tensor | None
+    prediction_logits: Tensor  # (B, T, V), or (M, V) at the M chosen positions when labelled
+    seq_relationship_logits: Tensor  # (B, 2)
+    mlm_loss: Tensor | None = None
+    nsp_loss: Tensor | None = None
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        # The decoder's weight is tied to the word embeddings (set by the owner); its own bias.
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decoder(self.transform(x)) + self.bias
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(BertPreTrainedHead):
+    """Masked LM + next-sentence (or sentence-order) prediction; loss = MLM + NSP."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.post_init()
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        next_sentence_label: Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """labels (B, T): the original token at chosen positions, -100 elsewhere.
+        next_sentence_label (B,): 0 = B follows A, 1 = B is random (or swapped, for SOP)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        seq_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        hidden = out.last_hidden_state
+        mlm_loss = nsp_loss = None
+        if labels is not None:
+            # Project only the ~15% chosen positions onto the vocabulary: the V-wide matmul is
+            # the most expensive op of pretraining, and the other positions carry no loss.
+            chosen = labels != -100  # (B, T)
+            logits = self.cls.predictions(hidden[chosen])  # (M, V)
+            mlm_loss = F.cross_entropy(logits.float(), labels[chosen])
+        else:
+            logits = self.cls.predictions(hidden)  # (B, T, V)
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(seq_logits.float(), next_sentence_label)
+        parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(parts) if parts else None
+        return PreTrainingOutput(loss, logits, seq_logits, mlm_loss, nsp_loss)  # type: ignore[arg-type]
+
+
+@dataclass
+class SequenceClassifierOutput:
+    loss: Tensor | None
+    logits: Tensor  # (B, C)
+
+
+class BertForSequenceClassification(BertPreTrainedHead):
+    """[CLS] pooled output -> dropout -> linear. Loss by problem_type: cross-entropy
+    (single label), BCE-with-logits (multi label, float multi-hot labels), MSE (regression)."""
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__(config)
+        self.num_labels = num_labels or config.num_labels
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.post_init()
+
+    @property
+    def problem_type(self) -> str:
+        if self.config.problem_type:
+            return self.config.problem_type
+        return "regression" if self.num_labels == 1 else "single_label_classification"
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        logits = self.classifier(self.dropout(pooled))  # (B, C)
+        loss = None
+        if labels is not None:
+            if self.problem_type == "regression":
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif self.problem_type == "multi_label_classification":
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return SequenceClassifierOutput(loss, logits)
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: Tensor | None
+    logits: Tensor  # (B, T, C)
+
+
+class BertForTokenClassification(BertPreTrainedHead):
+    """Per-token linear layer over the last hidden state (no pooler, as in transformers)."""
+
+    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+        super().__init__(config, add_pooling_layer=False)
+        self.num_labels = num_labels or config.num_labels
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> TokenClassifierOutput:
+        """labels (B, T): tag ids, -100 where no loss (special tokens, later word pieces)."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return TokenClassifierOutput(loss, logits)
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: Tensor | None
+    start_logits: Tensor  # (B, T)
+    end_logits: Tensor  # (B, T)
+
+
+class BertForQuestionAnswering(BertPreTrainedHead):
+    """Span extraction: one linear layer gives a start and an end logit per token."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+    ) -> QuestionAnsweringOutput:
+        """start_positions, end_positions (B,): token indices; 0 ([CLS]) for no answer."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        start, end = self.qa_outputs(hidden).unbind(-1)  # (B, T) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            T = start.shape[1]
+            # Positions outside the window are ignored, as in the original run_squad.
+            s = start_positions.clamp(0, T)
+            e = end_positions.clamp(0, T)
+            loss = (
+                F.cross_entropy(start.float(), s, ignore_index=T)
+                + F.cross_entropy(end.float(), e, ignore_index=T)
+            ) / 2
+        return QuestionAnsweringOutput(loss, start, end)
+
+
+@dataclass
+class EmbeddingOutput:
+    embeddings: Tensor  # (B, H)
+    loss: Tensor | None = None
+
+
+def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
+    """(B, T, H) -> (B, H). 'mean' averages real tokens only (padding masked out)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    raise ValueError(f"pooling must be 'mean' or 'cls', not {pooling!r}")
+
+
+class BertForEmbedding(BertPreTrainedHead):
+    """Sentence embeddings, sentence-transformers style: pooled last hidden state, optionally
+    L2-normalised. Trained with in-batch negatives (`contrastive_loss`)."""
+
+    def __init__(self, config: BertConfig, pooling: str = "mean", normalize: bool = True) -> None:
+        super().__init__(config, add_pooling_layer=False)
+        pool(torch.zeros(1, 1, 1), torch.ones(1, 1), pooling)  # validate the name early
+        self.pooling = pooling
+        self.normalize = normalize
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> EmbeddingOutput:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        emb = pool(hidden, attention_mask, self.pooling)
+        if self.normalize:
+            emb = F.normalize(emb, p=2, dim=-1)
+        return EmbeddingOutput(emb)
+
+
+def contrastive_loss(anchor: Tensor, positive: Tensor, scale: float = 20.0) -> Tensor:
+    """In-batch negatives (Henderson et al. 2017; sentence-transformers'
+    MultipleNegativesRankingLoss): row i's positive is column i, every other row a negative.
+    anchor, positive (B, H); scale 20 is the usual inverse temperature on cosine scores."""
+    scores = F.normalize(anchor, dim=-1) @ F.normalize(positive, dim=-1).T * scale  # (B, B)
+    return F.cross_entropy(scores.float(), torch.arange(len(scores), device=scores.device))
+
+
+HEADS: dict[str, type[BertPreTrainedHead]] = {
+    "pretraining": BertForPreTraining,
+    "classification": BertForSequenceClassification,
+    "token-classification": BertForTokenClassification,
+    "question-answering": BertForQuestionAnswering,
+    "embedding": BertForEmbedding,
+}
