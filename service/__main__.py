@@ -1,0 +1,104 @@
+"""Run the service:
+
+    python -m service --model-dir models --port 8080
+    python -m service --help          # every setting, its env variable and its trade-off
+
+The flags are generated from `service.settings.Settings`, so they cannot drift from the
+environment variables; a flag wins over its BERT_HEADS_* variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import sys
+from types import FrameType
+from typing import Literal, get_args, get_origin
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.app import create_app
+from service.registry import Registry
+from service.settings import Settings
+
+METAVARS = {"payload_limit": "BYTES", "max_wait_ms": "MS", "cors_origins": "ORIGINS"}
+METAVARS |= {name: "SECONDS" for name in ("request_timeout", "drain_timeout")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service",
+        description="Serve BERT-head model packages over HTTP (ONNX Runtime).",
+    )
+    for name, field in Settings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = (
+            "unset"
+            if default is None
+            else ",".join(default)
+            if isinstance(default, list)
+            else default
+        )
+        kwargs: dict = {
+            "dest": name,
+            "default": argparse.SUPPRESS,  # absent flags leave the environment in charge
+            "help": f"{field.description} (env BERT_HEADS_{name.upper()}; default: {shown})",
+        }
+        if field.annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif get_origin(field.annotation) is Literal:
+            kwargs["choices"] = get_args(field.annotation)
+        else:
+            kwargs["metavar"] = METAVARS.get(name, name.split("_")[-1].upper())
+        parser.add_argument("--" + name.replace("_", "-"), **kwargs)
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    parser = build_parser()
+    overrides = vars(parser.parse_args(argv))
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in e.errors()
+        )
+        parser.error(problems)
+
+
+class _Server(uvicorn.Server):
+    """Turns /ready to 503 the moment SIGTERM arrives, while uvicorn drains connections."""
+
+    def __init__(self, config: uvicorn.Config, registry: Registry) -> None:
+        super().__init__(config)
+        self.registry = registry
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig in (signal.SIGINT, signal.SIGTERM):
+            self.registry.draining = True
+        super().handle_exit(sig, frame)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
+    )
+    _Server(config, app.state.registry).run()
+
+
+if __name__ == "__main__":
+    main()

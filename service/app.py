@@ -1,0 +1,61 @@
+"""The FastAPI application factory.
+
+    uvicorn --factory service.app:create_app      # settings from BERT_HEADS_* variables
+    python -m service --help                      # the same, with every setting as a flag
+
+Nothing heavy happens at import or in `create_app`: the lifespan starts loading the packages
+in the background (so /health answers and /ready says 503 meanwhile) and, at shutdown, drains
+in-flight requests for up to drain_timeout seconds. `python -m service` also turns /ready to
+503 the moment SIGTERM arrives, before uvicorn starts closing connections.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from service.http import PayloadLimit, RequestMetrics, install_error_handlers
+from service.metrics import Metrics
+from service.registry import Registry
+from service.routes import ROUTERS
+from service.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    logging.getLogger("service").setLevel(settings.log_level.upper())
+    metrics = Metrics()
+    registry = Registry(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        registry.start_loading()
+        try:
+            yield
+        finally:
+            await registry.shutdown(settings.drain_timeout)
+
+    app = FastAPI(
+        title="bert-heads",
+        summary="BERT heads (classification, NER, QA, embeddings) on ONNX Runtime",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.registry, app.state.metrics = settings, registry, metrics
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    # Added innermost first: CORS (outermost, so errors carry its headers) -> metrics -> payload.
+    app.add_middleware(PayloadLimit, limit=settings.payload_limit)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return app

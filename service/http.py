@@ -1,0 +1,197 @@
+"""HTTP plumbing every route shares: the error body, the exception handlers that produce it,
+and two pure ASGI middlewares (no BaseHTTPMiddleware: it breaks disconnect detection).
+
+Every error is `{"error": str, "error_type": str}` with the status of its `ServiceError`;
+FastAPI's own validation errors become 422 `validation` with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ServiceError
+from service.metrics import INFERENCE_ENDPOINTS, Metrics
+
+log = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    422: "validation",
+    499: "client_gone",
+}
+
+
+class ClientGone(ServiceError):
+    """The client disconnected before its answer was ready; nobody reads this response."""
+
+    status = 499  # nginx's "client closed request"
+    error_type = "client_gone"
+
+
+def error_body(message: str, error_type: str) -> bytes:
+    # ensure_ascii: a message quoting a lone surrogate from the request still encodes
+    return json.dumps({"error": message, "error_type": error_type}, ensure_ascii=True).encode()
+
+
+class ErrorResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return error_body(content["error"], content["error_type"])
+
+
+def error_response(
+    request: Request,
+    status: int,
+    message: str,
+    error_type: str,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    request.state.error_type = error_type  # for RequestMetrics
+    body = {"error": message, "error_type": error_type}
+    return ErrorResponse(body, status_code=status, headers=headers)
+
+
+def describe_validation(errors: list[dict[str, Any]]) -> str:
+    """Pydantic errors -> 'inputs: item 2 must be a string, got a number; top_k: ...'."""
+    parts = []
+    for err in errors[:5]:
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        if err["type"] == "json_invalid":
+            error = (err.get("ctx") or {}).get("error", "invalid JSON")
+            parts.append(f"body is not valid JSON ({error} at character {loc[0] if loc else 0})")
+            continue
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+        if err["type"] == "missing":
+            msg = "required field is missing" if path else "a JSON object body is required"
+        elif not path and err["type"] in ("model_attributes_type", "dict_type"):
+            msg = "expected a JSON object"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling against /docs)"
+        else:
+            msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{path or 'body'}: {msg}")
+    if len(errors) > 5:
+        parts.append(f"and {len(errors) - 5} more")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(request, exc.status, exc.message, exc.error_type, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, 422, describe_validation(list(exc.errors())), "validation")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        error_type = _TYPE_BY_STATUS.get(exc.status_code, "http_error")
+        headers = dict(exc.headers) if exc.headers else None
+        return error_response(request, exc.status_code, str(exc.detail), error_type, headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(request, 500, "internal error (a bug: please report it)", "internal")
+
+
+class PayloadLimit:
+    """413 for a body over `limit` bytes, decided before the body is read: by Content-Length,
+    else by counting the streamed chunks. The accepted body is buffered (FastAPI reads it
+    whole anyway) and replayed to the app; later `receive()` calls reach the server, so the
+    app still sees `http.disconnect`."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._reject(scope, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._reject(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, send: Send) -> None:
+        scope.setdefault("state", {})["error_type"] = "payload_too_large"
+        body = error_body(
+            f"request body over payload_limit ({self.limit} bytes)", "payload_too_large"
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        # The rest of the body is never read, so the connection cannot be reused.
+        headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class RequestMetrics:
+    """Count and time the inference endpoints by model, task, endpoint and status. The route
+    writes the model it chose into the request state; errors write their error_type."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in INFERENCE_ENDPOINTS:
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            model, task = state.get("model", ""), state.get("task", "")
+            m = self.metrics
+            m.requests.labels(model, task, path, str(status)).inc()
+            m.duration.labels(model, task, path).observe(time.perf_counter() - start)
+            if status >= 400:
+                reason = state.get("error_type") or _TYPE_BY_STATUS.get(status, "internal")
+                m.failures.labels(model, task, reason).inc()

@@ -1,0 +1,200 @@
+"""The model package: one folder per model, the contract between `training.export` (writer)
+and the service (reader).
+
+    models/sst2/
+      package.json       what the model is (task, labels, inputs, outputs, variants, sha256, ...)
+      model.onnx         fp32 graph (ORT-fused); model.int8.onnx / model.fp16.onnx when exported
+      tokenizer.json     `tokenizers` tokenizer, padding and truncation disabled
+
+    >>> pkg = read_package(Path("models/sst2"))    # verifies every sha256
+    >>> pkg.task, pkg.labels, pkg.variant_path(pkg.prefer["cpu"])
+
+Every failure is a `PackageError` whose message names the file and what is wrong with it, so
+the service can refuse a package at start-up with a line an operator can act on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+TASKS = ("classification", "token-classification", "question-answering", "embedding")
+PROBLEM_TYPES = ("single_label", "multi_label", "regression")
+POOLINGS = ("mean", "cls")
+VARIANTS = ("fp32", "int8", "fp16")
+MANIFEST = "package.json"
+TOKENIZER = "tokenizer.json"
+REQUIRED = (
+    "format",
+    "name",
+    "task",
+    "max_seq_length",
+    "do_lower_case",
+    "inputs",
+    "outputs",
+    "variants",
+    "prefer",
+    "sha256",
+)
+
+
+class PackageError(Exception):
+    """A package the service must not load. The message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class ModelPackage:
+    path: Path
+    name: str
+    task: str
+    labels: list[str] | None  # id -> label (classification, token-classification)
+    problem_type: str | None  # single_label | multi_label | regression (classification)
+    pooling: str | None  # mean | cls (embedding; applied inside the graph)
+    normalize: bool  # embedding: L2-normalise by default (the service does it, not the graph)
+    max_seq_length: int
+    do_lower_case: bool
+    inputs: list[dict[str, Any]]  # [{"name", "dtype", "shape"}], shape like ["batch", "sequence"]
+    outputs: list[dict[str, Any]]
+    variants: dict[str, str]  # {"fp32": "model.onnx", ...}: only the files present
+    prefer: dict[str, str]  # {"cpu": variant, "gpu": variant}
+    sha256: dict[str, str]  # every file but package.json
+    parity: dict[str, Any]  # per variant: max abs diff vs PyTorch on the export probes
+    source: dict[str, Any]  # checkpoint, arguments, metrics, export time, versions, fusion
+
+    def variant_path(self, variant: str) -> Path:
+        if variant not in self.variants:
+            raise PackageError(
+                f"{self.path / MANIFEST}: no {variant!r} variant "
+                f"(this package has {', '.join(self.variants)})"
+            )
+        return self.path / self.variants[variant]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.path / TOKENIZER
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256, read 1 MiB at a time: model files reach gigabytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_package(path: Path, verify: bool = True) -> ModelPackage:
+    """Read and check `path/package.json`. `verify=False` skips hashing, not the existence
+    checks (for tools that only want to list packages quickly)."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    m = _load_manifest(manifest_path)
+
+    def bad(what: str, file: str = MANIFEST) -> PackageError:
+        return PackageError(f"{path / file}: {what}")
+
+    if m["format"] != FORMAT_VERSION:
+        raise bad(
+            f"format {m['format']} is not supported (this service reads format {FORMAT_VERSION})"
+        )
+    if m["task"] not in TASKS:
+        raise bad(f"task {m['task']!r} is not one of {', '.join(TASKS)}")
+    labels = m.get("labels")
+    if m["task"] in ("classification", "token-classification"):
+        if (
+            not isinstance(labels, list)
+            or not labels
+            or not all(isinstance(x, str) for x in labels)
+        ):
+            raise bad(f"a {m['task']} package needs 'labels', a non-empty list of strings")
+        if m["task"] == "classification" and m.get("problem_type") not in PROBLEM_TYPES:
+            raise bad(
+                f"problem_type {m.get('problem_type')!r} is not one of {', '.join(PROBLEM_TYPES)}"
+            )
+    if m["task"] == "embedding" and m.get("pooling") not in POOLINGS:
+        raise bad(f"pooling {m.get('pooling')!r} is not one of {', '.join(POOLINGS)}")
+    if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
+        raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
+
+    variants, sha256, prefer = m["variants"], m["sha256"], m["prefer"]
+    for field in ("sha256", "prefer"):
+        if not isinstance(m[field], dict):
+            raise bad(f"{field} must be an object")
+    for field in ("inputs", "outputs"):
+        if not isinstance(m[field], list) or not all(
+            isinstance(x, dict) and "name" in x for x in m[field]
+        ):
+            raise bad(f"{field} must be a list of {{name, dtype, shape}}")
+    if not isinstance(variants, dict) or not variants or set(variants) - set(VARIANTS):
+        raise bad(f"variants {variants!r} must map some of {', '.join(VARIANTS)} to files")
+    for device, variant in prefer.items():
+        if variant not in variants:
+            raise bad(f"prefer[{device!r}] is {variant!r}, which is not among the variants")
+    for file in [*variants.values(), TOKENIZER]:
+        if file not in sha256:
+            raise bad(f"{file} has no sha256 entry")
+    for file, digest in sha256.items():
+        if Path(file).is_absolute() or ".." in Path(file).parts:
+            raise bad(f"sha256 names {file!r}, which is outside the package")
+        if not (path / file).is_file():
+            raise bad(f"file is missing (listed in {MANIFEST})", file)
+        if verify and file_sha256(path / file) != digest:
+            raise bad("sha256 mismatch (truncated or modified?)", file)
+
+    return ModelPackage(
+        path=path,
+        name=str(m["name"]),
+        task=m["task"],
+        labels=labels if m["task"] in ("classification", "token-classification") else None,
+        problem_type=m.get("problem_type") if m["task"] == "classification" else None,
+        pooling=m.get("pooling") if m["task"] == "embedding" else None,
+        normalize=bool(m.get("normalize", m["task"] == "embedding")),
+        max_seq_length=m["max_seq_length"],
+        do_lower_case=bool(m["do_lower_case"]),
+        inputs=m["inputs"],
+        outputs=m["outputs"],
+        variants=dict(variants),
+        prefer=dict(prefer),
+        sha256=dict(sha256),
+        parity=m.get("parity", {}),
+        source=m.get("source", {}),
+    )
+
+
+def _load_manifest(manifest_path: Path) -> dict[str, Any]:
+    if not manifest_path.is_file():
+        raise PackageError(f"{manifest_path}: no such file (is this a model package folder?)")
+    try:
+        m = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PackageError(f"{manifest_path}: not valid JSON ({e})") from None
+    if not isinstance(m, dict):
+        raise PackageError(f"{manifest_path}: expected a JSON object")
+    missing = [k for k in REQUIRED if k not in m]
+    if missing:
+        raise PackageError(f"{manifest_path}: missing field(s) {', '.join(missing)}")
+    return m
+
+
+def write_package(out_dir: Path, manifest: dict[str, Any]) -> ModelPackage:
+    """Hash every file under `out_dir` (package.json aside), add `format` and `sha256`, write
+    package.json, and read the result back through the same checks the service applies."""
+    out_dir = Path(out_dir)
+    files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    sha256 = {p.relative_to(out_dir).as_posix(): file_sha256(p) for p in files}
+    manifest = {**manifest, "format": FORMAT_VERSION, "sha256": sha256}
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (out_dir / MANIFEST).write_text(text)
+    return read_package(out_dir)
+
+
+def find_packages(model_dir: Path) -> list[Path]:
+    """Immediate subfolders of `model_dir` that hold a package.json, sorted by name."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        return []
+    return sorted(p for p in model_dir.iterdir() if (p / MANIFEST).is_file())

@@ -1,0 +1,241 @@
+"""The models this process serves: load every package under model_dir, pick one per request,
+and say whether the whole is ready.
+
+Readiness policy (GET /ready):
+- 503 `loading` until every package has been tried (read, session created, warmed up);
+- 503 `draining` from the moment shutdown starts;
+- 503 `empty` when model_dir holds no package;
+- 503 `degraded` when a package failed to load, unless `allow_partial` is set, then 200 as long
+  as at least one package serves;
+- 200 `ready` otherwise.
+A package that fails never takes the others down: they serve (requests to them succeed even
+while /ready says 503), and /models and /ready's body name the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Tokenizer
+
+from service.batcher import Admission, Batcher, pad
+from service.errors import InputError, ModelNotFound, NotReady
+from service.metrics import Metrics
+from service.package import ModelPackage, find_packages, read_package
+from service.runtime import Backend, open_backend, warm_up
+from service.settings import Settings
+from service.tasks._text import encode, load_tokenizer, row, special_ids
+
+log = logging.getLogger(__name__)
+
+# The output names each head's post-processing reads; checked at load, not at the first request.
+REQUIRED_OUTPUTS = {
+    "classification": {"logits"},
+    "token-classification": {"logits"},
+    "question-answering": {"start_logits", "end_logits"},
+    "embedding": {"embeddings"},
+}
+
+
+@dataclass
+class LoadedModel:
+    package: ModelPackage
+    tokenizer: Tokenizer
+    backend: Backend
+    batcher: Batcher
+    variant: str
+    warmup_seconds: float
+
+    @property
+    def name(self) -> str:
+        return self.package.name
+
+    @property
+    def task(self) -> str:
+        return self.package.task
+
+
+@dataclass
+class Entry:
+    """One package folder and what became of it."""
+
+    path: Path
+    name: str  # the folder name until package.json is read
+    state: Literal["loading", "ready", "failed"] = "loading"
+    task: str | None = None
+    error: str | None = None
+    model: LoadedModel | None = None
+
+
+@dataclass
+class _Opened:
+    package: ModelPackage
+    tokenizer: Tokenizer
+    backend: Backend
+    variant: str
+    warmup_seconds: float
+
+
+def sequence_outputs(package: ModelPackage) -> frozenset[str]:
+    """Outputs whose axis 1 is the sequence axis: the batcher cuts them to each row's length."""
+    return frozenset(
+        o["name"]
+        for o in package.outputs
+        if len(o.get("shape", [])) > 1 and o["shape"][1] == "sequence"
+    )
+
+
+class Registry:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.entries: list[Entry] = []
+        self.admission = Admission(settings.max_concurrent_requests)
+        self.draining = False
+        self.loaded = asyncio.Event()  # every package tried
+        self._loader: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start_loading(self) -> None:
+        """Load in the background, so /health answers and /ready says 503 meanwhile."""
+        self._loader = asyncio.create_task(self.load_all(), name="load-packages")
+
+    async def load_all(self) -> None:
+        model_dir = self.settings.model_dir
+        self.entries = [Entry(path=p, name=p.name) for p in find_packages(model_dir)]
+        if not self.entries:
+            log.error("no model package under %s", model_dir.resolve())
+        for entry in self.entries:
+            try:
+                opened = await asyncio.to_thread(self._open, entry.path)
+                if any(e.name == opened.package.name and e.state == "ready" for e in self.entries):
+                    raise ValueError(f"another package is already named {opened.package.name!r}")
+                entry.model = self._serve(opened)
+            except Exception as exc:  # any failure stays with this package
+                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.error("%s: not served: %s", entry.path, entry.error)
+            else:
+                entry.state, entry.name, entry.task = (
+                    "ready",
+                    opened.package.name,
+                    opened.package.task,
+                )
+        self.loaded.set()
+        ready = sum(e.state == "ready" for e in self.entries)
+        log.info("%d of %d packages ready", ready, len(self.entries))
+
+    def _open(self, path: Path) -> _Opened:
+        """Blocking part of loading (runs in a thread): read, verify, open, warm up."""
+        start = time.perf_counter()
+        package = read_package(path, verify=self.settings.verify_sha256)
+        declared = {o["name"] for o in package.outputs}
+        missing = REQUIRED_OUTPUTS[package.task] - declared
+        if missing:
+            raise ValueError(f"a {package.task} package needs outputs {sorted(missing)}")
+        tokenizer = load_tokenizer(package.tokenizer_path)
+        backend, variant = open_backend(package, self.settings)
+        cls_id, sep_id = special_ids(tokenizer)
+        sample = row(cls_id, sep_id, encode(tokenizer, "warm up the model").ids)
+        warm = time.perf_counter()
+        outputs = warm_up(backend, pad([sample, sample]))  # 2 rows: the batch axis is dynamic
+        seconds = time.perf_counter() - warm
+        if missing := declared - set(outputs):
+            raise ValueError(f"the graph does not produce outputs {sorted(missing)}")
+        log.info("%s: loaded in %.2fs", package.name, time.perf_counter() - start)
+        return _Opened(package, tokenizer, backend, variant, seconds)
+
+    def _serve(self, opened: _Opened) -> LoadedModel:
+        package = opened.package
+        s = self.settings
+        if s.max_batch_tokens < package.max_seq_length:
+            log.warning(
+                "%s: max_batch_tokens %d < max_seq_length %d: long rows run alone",
+                package.name,
+                s.max_batch_tokens,
+                package.max_seq_length,
+            )
+        batcher = Batcher(
+            opened.backend,
+            self.metrics.add_model(package.name, package.task),
+            sequence_outputs=sequence_outputs(package),
+            max_batch_tokens=s.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            max_wait_ms=s.max_wait_ms,
+            pad_token_id=opened.tokenizer.token_to_id("[PAD]") or 0,
+            name=package.name,
+        )
+        batcher.start()
+        provider = opened.backend.provider
+        self.metrics.model_info.labels(package.name, package.task, opened.variant, provider).set(1)
+        return LoadedModel(
+            package,
+            opened.tokenizer,
+            opened.backend,
+            batcher,
+            opened.variant,
+            opened.warmup_seconds,
+        )
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """Refuse new requests (and /ready), let in-flight ones finish, stop the workers."""
+        self.draining = True
+        if self._loader is not None and not self._loader.done():
+            self._loader.cancel()
+            await asyncio.gather(self._loader, return_exceptions=True)
+        if not await self.admission.wait_idle(drain_timeout):
+            log.warning(
+                "%d requests still in flight after %.0fs", self.admission.in_flight, drain_timeout
+            )
+        for entry in self.entries:
+            if entry.model is not None:
+                await entry.model.batcher.stop()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, status): see the module docstring for the policy."""
+        if self.draining:
+            return False, "draining"
+        if not self.loaded.is_set():
+            return False, "loading"
+        ready = [e for e in self.entries if e.state == "ready"]
+        if not self.entries:
+            return False, "empty"
+        if len(ready) < len(self.entries):
+            return (bool(ready) and self.settings.allow_partial), "degraded"
+        return True, "ready"
+
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise NotReady("the service is shutting down; retry on another replica")
+
+    def select(self, task: str, name: str | None, endpoint: str) -> LoadedModel:
+        """The model for a request: `name` if given, else the only ready model of `task`."""
+        if name is not None:
+            entry = next((e for e in self.entries if e.name == name), None)
+            if entry is None:
+                raise ModelNotFound(f"no model named {name!r}; GET /models lists the loaded ones")
+            if entry.state == "loading":
+                raise NotReady(f"model {name!r} is still loading")
+            if entry.state == "failed" or entry.model is None:
+                raise ModelNotFound(f"model {name!r} failed to load: {entry.error}")
+            if entry.task != task:
+                raise InputError(
+                    f"model {name!r} is for {entry.task}; {endpoint} needs a {task} model"
+                )
+            return entry.model
+        candidates = [e.model for e in self.entries if e.task == task and e.model is not None]
+        if len(candidates) == 1:
+            return candidates[0]
+        if candidates:
+            names = ", ".join(m.name for m in candidates)
+            raise InputError(f"several {task} models are loaded ({names}); name one in 'model'")
+        if not self.loaded.is_set():
+            raise NotReady("models are still loading")
+        raise ModelNotFound(f"no {task} model is loaded; GET /models lists what is")

@@ -1,0 +1,132 @@
+"""ONNX Runtime behind a small contract: one session per package, provider and variant choice,
+warm-up by a real forward pass.
+
+The batcher only sees `Backend`; tests swap in a slow or failing one without touching ORT.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import onnxruntime as ort
+
+if TYPE_CHECKING:
+    from service.package import ModelPackage
+    from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+_NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+class Backend(Protocol):
+    """What the batcher needs from an inference engine."""
+
+    @property
+    def provider(self) -> str:
+        """'cuda' or 'cpu': where the session really runs."""
+        ...
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """feeds: name -> (B, T) integer array; returns output name -> (B, ...) float32."""
+        ...
+
+
+class OrtBackend:
+    """One `onnxruntime.InferenceSession`. Safe to call from a worker thread."""
+
+    def __init__(self, model_path: Path, providers: list[str], intra_op_threads: int = 0) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads:
+            options.intra_op_num_threads = intra_op_threads
+        self.session = ort.InferenceSession(
+            str(model_path), sess_options=options, providers=providers
+        )
+        # The model may not take every feed the batcher builds (no token_type_ids, say), and
+        # may want int32 ids: adapt here so the batcher stays model-agnostic.
+        self._inputs = {
+            i.name: _NUMPY_DTYPES.get(i.type, np.int64) for i in self.session.get_inputs()
+        }
+        self._outputs = [o.name for o in self.session.get_outputs()]
+        self.model_path = model_path
+
+    @property
+    def provider(self) -> str:
+        # The session, not get_available_providers(), knows: the GPU wheel lists CUDA on
+        # machines without a usable GPU and then silently runs on CPU.
+        return "cuda" if self.session.get_providers()[0] == CUDA else "cpu"
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        inputs = {
+            name: np.asarray(feeds[name], dtype=dtype) for name, dtype in self._inputs.items()
+        }
+        outputs = self.session.run(self._outputs, inputs)
+        return {
+            name: (out.astype(np.float32) if out.dtype == np.float16 else out)
+            for name, out in zip(self._outputs, outputs, strict=True)
+        }
+
+
+def choose_variant(package: ModelPackage, requested: str, kind: str) -> str:
+    """The file to run: `requested` when the package has it, else its preference for `kind`
+    ('cpu' or 'gpu'), else fp32."""
+    available = package.variants
+    if requested != "auto":
+        if requested in available:
+            return requested
+        log.warning(
+            "%s: variant %s not in package (has %s); using its preference",
+            package.name,
+            requested,
+            ", ".join(available),
+        )
+    preferred = package.prefer.get(kind)
+    if preferred in available:
+        return preferred
+    return "fp32" if "fp32" in available else next(iter(available))
+
+
+def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend, str]:
+    """Create the session for `package` on the device the settings ask for.
+
+    Returns the backend and the variant it runs. Raises RuntimeError when device=cuda and
+    CUDA cannot be used.
+    """
+    try_cuda = settings.device in ("auto", "cuda") and CUDA in ort.get_available_providers()
+    if settings.device == "cuda" and not try_cuda:
+        raise RuntimeError("device=cuda but this onnxruntime build has no CUDAExecutionProvider")
+    providers = [CUDA, CPU] if try_cuda else [CPU]
+    variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
+    backend = OrtBackend(package.variant_path(variant), providers, settings.intra_op_threads)
+    if try_cuda and backend.provider != "cuda":
+        if settings.device == "cuda":
+            raise RuntimeError("device=cuda but the CUDA provider failed to start (see ORT log)")
+        log.warning("%s: CUDA listed but unusable; running on CPU", package.name)
+        cpu_variant = choose_variant(package, settings.variant, "cpu")
+        if cpu_variant != variant:
+            variant = cpu_variant
+            backend = OrtBackend(package.variant_path(variant), [CPU], settings.intra_op_threads)
+    if backend.provider == "cpu" and variant == "fp16":
+        log.warning("%s: fp16 on CPU is usually slower than fp32", package.name)
+    log.info("%s: %s variant on %s", package.name, variant, backend.provider)
+    return backend, variant
+
+
+def warm_up(backend: Backend, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One real forward pass (allocates arenas, picks kernels) before the first user request.
+
+    Raises RuntimeError when an output is not finite: a broken model fails at start-up, not
+    on the first user request.
+    """
+    outputs = backend.run(feeds)
+    for name, value in outputs.items():
+        if not np.all(np.isfinite(value)):
+            raise RuntimeError(f"warm-up output {name} is not finite")
+    return outputs

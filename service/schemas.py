@@ -1,0 +1,306 @@
+"""Request and response bodies (the names follow Hugging Face pipelines and TEI).
+
+The shape rule, for every endpoint: a single input (a string, one pair, one question/context)
+gets the answer for that input; a list gets a list of answers in input order, also a list of
+one. Two exceptions, for compatibility: /embed always answers a list of vectors (as TEI does),
+/v1/embeddings the OpenAI envelope. And /qa answers a list of spans per input when top_k > 1.
+
+Texts:
+- any Unicode string, control characters included (the tokenizer drops them; NER offsets still
+  index the original text). The empty or whitespace-only text is served as the empty sequence
+  `[CLS] [SEP]` (no entities for NER), as the pipelines do;
+- a lone UTF-16 surrogate (JSON "\\ud800" without its pair) is not Unicode text: 422;
+- a non-string where a text belongs, or an empty list: 422;
+- more inputs than max_client_batch_size, or a text longer than max_text_chars: 413, like any
+  other request too large to serve (the client should split it).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+
+def _check_unicode(text: str, where: str = "text") -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError(
+            "unicode",
+            "{where} contains a lone UTF-16 surrogate at character {at}; send valid Unicode",
+            {"where": where, "at": e.start},
+        ) from None
+    return text
+
+
+def _type_name(value: object) -> str:
+    return {dict: "an object", list: "a list", type(None): "null", bool: "a boolean"}.get(
+        type(value), "a number" if isinstance(value, int | float) else type(value).__name__
+    )
+
+
+def _texts(allow_pairs: bool) -> WrapValidator:
+    """A string or a non-empty list of strings (or [a, b] pairs), with messages that name the
+    bad item instead of pydantic's one line per union member."""
+    want = "a string or an [a, b] pair of strings" if allow_pairs else "a string"
+
+    def validate(value: Any, _: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, str):
+            return _check_unicode(value, "the input")
+        if not isinstance(value, list):
+            raise PydanticCustomError(
+                "texts",
+                "expected {want} or a list of them, got {got}",
+                {"want": want, "got": _type_name(value)},
+            )
+        if not value:
+            raise PydanticCustomError("texts", "the list is empty; send at least one input", {})
+        out: list[str | tuple[str, str]] = []
+        for i, item in enumerate(value):
+            where = f"item {i}"
+            if isinstance(item, str):
+                out.append(_check_unicode(item, where))
+            elif (
+                allow_pairs
+                and isinstance(item, list)
+                and len(item) == 2
+                and all(isinstance(s, str) for s in item)
+            ):
+                out.append((_check_unicode(item[0], where), _check_unicode(item[1], where)))
+            else:
+                raise PydanticCustomError(
+                    "texts",
+                    "item {i} must be {want}, got {got}",
+                    {"i": i, "want": want, "got": _type_name(item)},
+                )
+        return out
+
+    return WrapValidator(validate)
+
+
+# Bounds on token counts: far above any model window, low enough that no arithmetic overflows.
+MAX_TOKENS = 100_000
+
+Text = Annotated[str, AfterValidator(_check_unicode)]
+Texts = Annotated[str | list[str], _texts(allow_pairs=False)]
+TextsOrPairs = Annotated[str | list[str | tuple[str, str]], _texts(allow_pairs=True)]
+ModelName = Annotated[
+    str | None,
+    Field(description="Which loaded package to use; optional when only one serves the task."),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not a default
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+class ClassifyRequest(_Request):
+    inputs: TextsOrPairs = Field(description="A text, a list of texts, or [a, b] pairs (NLI).")
+    top_k: int | None = Field(
+        default=1, ge=1, le=10_000, description="Labels per input, best first; null = all."
+    )
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
+        default=None, description="Default by the package's problem type: softmax, sigmoid or none."
+    )
+    truncate: bool = Field(
+        default=True, description="Cut inputs to the model window; false = 422 instead."
+    )
+    model: ModelName = None
+
+
+class NerRequest(_Request):
+    inputs: Texts
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
+    ignore_labels: list[Text] | None = Field(
+        default=None, description='Labels to leave out; default ["O"].'
+    )
+    stride: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOKENS,
+        description="Tokens shared by consecutive windows of a long text; default a quarter "
+        "of the window.",
+    )
+    model: ModelName = None
+
+
+class QaInput(_Request):
+    question: Text
+    context: Text
+
+
+class QaRequest(_Request):
+    question: Text | None = None
+    context: Text | None = None
+    inputs: list[QaInput] | None = Field(
+        default=None, description="Instead of question/context: a list of them."
+    )
+    top_k: int = Field(
+        default=1, ge=1, le=100, description="Answers per input; > 1 answers a list."
+    )
+    max_answer_len: int = Field(
+        default=15, ge=1, le=MAX_TOKENS, description="Longest answer in tokens."
+    )
+    doc_stride: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOKENS,
+        description="Tokens shared by consecutive context windows; default "
+        "min(128, max_seq_len / 2).",
+    )
+    max_seq_len: int = Field(
+        default=384,
+        ge=4,
+        le=MAX_TOKENS,
+        description="Window length in tokens, capped by the model's.",
+    )
+    handle_impossible_answer: bool = Field(
+        default=False, description="Allow the empty answer (SQuAD 2.0)."
+    )
+    model: ModelName = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_inputs(cls, data: Any) -> Any:
+        # {"inputs": {"question", "context"}} (the HF Inference API form) is the single form
+        if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+            data = {**data, **data["inputs"]}
+            del data["inputs"]
+        return data
+
+    @model_validator(mode="after")
+    def _one_form(self) -> QaRequest:
+        pair = self.question is not None or self.context is not None
+        if pair == (self.inputs is not None):
+            raise ValueError("send either 'question' and 'context', or 'inputs', not both")
+        if pair and (self.question is None or self.context is None):
+            raise ValueError("'question' and 'context' go together")
+        if isinstance(self.inputs, list) and not self.inputs:
+            raise ValueError("'inputs' is empty; send at least one {question, context}")
+        return self
+
+
+class EmbedRequest(_Request):
+    inputs: Texts
+    normalize: bool | None = Field(
+        default=None, description="L2-normalise; default the package's choice (true)."
+    )
+    truncate: bool = Field(
+        default=True, description="Cut inputs to the model window; false = 422 instead."
+    )
+    model: ModelName = None
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we have no use for
+    input: Texts
+    model: ModelName = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="Must equal the model's, if given."
+    )
+    user: str | None = None
+
+
+# -- responses (for the OpenAPI page; routes return them as plain JSON) -------------------------
+
+
+class Error(BaseModel):
+    error: str
+    error_type: str
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class Entity(BaseModel):
+    entity_group: str | None = None
+    entity: str | None = None  # aggregation_strategy "none"
+    index: int | None = None  # aggregation_strategy "none"
+    score: float
+    word: str
+    start: int
+    end: int
+
+
+class Answer(BaseModel):
+    answer: str
+    score: float
+    start: int
+    end: int
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage
+
+
+class Limits(BaseModel):
+    max_batch_tokens: int
+    max_batch_size: int
+    max_client_batch_size: int
+    max_text_chars: int
+    payload_limit: int
+    request_timeout: float
+
+
+class ModelInfo(BaseModel):
+    name: str
+    path: str
+    state: Literal["loading", "ready", "failed"]
+    error: str | None = None
+    task: str | None = None
+    labels: list[str] | None = None
+    problem_type: str | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    max_seq_length: int | None = None
+    variant: str | None = None
+    variants: list[str] | None = None
+    provider: str | None = None
+    warmup_seconds: float | None = None
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+    limits: Limits
+
+
+class Readiness(BaseModel):
+    ready: bool
+    status: Literal["ready", "loading", "draining", "empty", "degraded"]
+    models: dict[str, str] = Field(description="name -> loading | ready | failed: reason")
+
+
+ClassifyResponse = list[LabelScore] | list[list[LabelScore]]
+NerResponse = list[Entity] | list[list[Entity]]
+QaResponse = Answer | list[Answer] | list[list[Answer]]
+EmbedResponse = list[list[float]]

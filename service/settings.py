@@ -1,0 +1,147 @@
+"""Every knob of the service: one pydantic-settings class.
+
+Each field is an environment variable `BERT_HEADS_<FIELD>` and a flag of `python -m service`
+(`--max-batch-tokens`, generated from this class by `service.__main__`); a flag wins over the
+environment. Each description says what the knob trades off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Variant = Literal["auto", "fp32", "int8", "fp16"]
+Device = Literal["auto", "cpu", "cuda"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERT_HEADS_", extra="ignore", frozen=True)
+
+    # Where and what to serve
+    model_dir: Path = Field(
+        default=Path("./models"),
+        description="Folder of model packages (one sub-folder each); all are loaded at start-up.",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to bind; 0.0.0.0 exposes the service beyond this machine.",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port to listen on.")
+
+    # Batching: throughput against latency and memory
+    max_batch_tokens: int = Field(
+        default=16384,
+        ge=1,
+        description="Token budget of one batch (rows x padded length): higher = more "
+        "throughput per forward pass, more activation memory and a longer wait for the "
+        "rows behind it.",
+    )
+    max_batch_size: int = Field(
+        default=64,
+        ge=1,
+        description="Most rows in one batch, whatever their length: bounds the padded "
+        "tensors when rows are short.",
+    )
+    max_wait_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="How long a non-full batch waits for more rows; 0 starts it as soon as "
+        "the runtime is free (lowest latency; batches still form under load).",
+    )
+
+    # Admission and request limits: protect the process from a single client
+    max_concurrent_requests: int = Field(
+        default=512,
+        ge=1,
+        description="Requests in flight before new ones get 429: higher absorbs bursts, "
+        "lower keeps the queue (and so latency) short.",
+    )
+    max_client_batch_size: int = Field(
+        default=64,
+        ge=1,
+        description="Most inputs in one request (more gets 413): bounds one client's share "
+        "of a batch.",
+    )
+    payload_limit: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Largest request body in bytes (more gets 413 before it is read): "
+        "bounds the memory one request can take.",
+    )
+    max_text_chars: int = Field(
+        default=20_000,
+        ge=1,
+        description="Longest text in characters (more gets 413): long texts are windowed "
+        "(NER, QA) and each window costs a forward pass.",
+    )
+    request_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a request may take end to end before it gets 503 timeout; "
+        "its rows still queued are dropped before they cost compute.",
+    )
+
+    # Runtime
+    intra_op_threads: int = Field(
+        default=0,
+        ge=0,
+        description="ONNX Runtime threads per forward pass; 0 = its default (one per "
+        "physical core). Lower it when several models or replicas share the cores.",
+    )
+    variant: Variant = Field(
+        default="auto",
+        description="Model file to run: auto = the package's preference for the provider in "
+        "use; int8 is faster on CPU at a small accuracy cost, fp16 halves GPU memory.",
+    )
+    device: Device = Field(
+        default="auto",
+        description="Execution provider: auto uses CUDA when a GPU is really there, else CPU; "
+        "cuda fails the package instead of falling back.",
+    )
+    verify_sha256: bool = Field(
+        default=True,
+        description="Check every package file against its recorded sha256 at start-up: "
+        "catches corrupt or tampered files, costs a read of each file.",
+    )
+    allow_partial: bool = Field(
+        default=False,
+        description="Report ready when some packages failed to load (the others serve); off "
+        "keeps a half-broken replica out of the load balancer.",
+    )
+
+    # Access and operations
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="When set, every route except /health and /ready needs "
+        "'Authorization: Bearer <key>'; unset = open (put it behind a trusted network).",
+    )
+    protect_metrics: bool = Field(
+        default=False,
+        description="Require the API key on /metrics too; off lets a Prometheus scraper in "
+        "without the key.",
+    )
+    drain_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds in-flight requests get to finish at shutdown; keep it below the "
+        "orchestrator's grace period (Kubernetes: 30 s).",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated origins allowed by CORS; empty = CORS off (browsers "
+        "cannot call the API from another origin).",
+    )
+    log_level: LogLevel = Field(
+        default="info", description="Log verbosity; debug logs every batch (noisy under load)."
+    )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [origin.strip() for origin in value.split(",") if origin.strip()]
+        return value

@@ -1,0 +1,197 @@
+"""Text -> model rows, shared by every head: one encoding path, the BERT row layout
+`[CLS] A [SEP] (B [SEP])`, and the truncation and windowing rules of Hugging Face fast
+tokenizers, reproduced by hand.
+
+Why by hand: `Tokenizer.enable_truncation` / `enable_padding` mutate a tokenizer that all
+request threads share, and a request's `max_seq_len` or `doc_stride` would race. So each text
+is encoded once without special tokens and rows are cut from its token ids here. The tests
+check the rows equal what `BertTokenizerFast` gives with `truncation=True` (longest_first) or
+`return_overflowing_tokens=True, stride=...`.
+
+The tokenizer must come with padding and truncation off: `load_tokenizer` / `prepare_tokenizer`
+do that once, at load time; `special_ids` refuses a tokenizer that still pads or truncates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from service.errors import InputError
+from service.tasks import Sequence
+
+CLS_TOKEN = "[CLS]"
+SEP_TOKEN = "[SEP]"
+
+
+def prepare_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """Turn padding and truncation off (a shipped tokenizer.json may pad to 128). Call once,
+    at load time, before the tokenizer is shared; returns the same object."""
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read a package's tokenizer.json, ready for the task modules."""
+    return prepare_tokenizer(Tokenizer.from_file(str(path)))
+
+
+def special_ids(tokenizer: Tokenizer) -> tuple[int, int]:
+    """(cls_id, sep_id). Also the one place that checks the tokenizer is safe to share."""
+    if tokenizer.padding is not None or tokenizer.truncation is not None:
+        raise ValueError(
+            "the tokenizer pads or truncates by itself; pass it through "
+            "service.tasks._text.prepare_tokenizer once at load time"
+        )
+    cls_id, sep_id = tokenizer.token_to_id(CLS_TOKEN), tokenizer.token_to_id(SEP_TOKEN)
+    if cls_id is None or sep_id is None:
+        raise ValueError(f"the tokenizer's vocabulary has no {CLS_TOKEN} or {SEP_TOKEN}")
+    return cls_id, sep_id
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """One text encoded without special tokens, T tokens.
+
+    ids (T,) int64; offsets (T, 2) int64 character offsets into the text; words (T,) int64
+    index of the pre-tokenizer word each token comes from; subword (T,) bool: the token
+    continues the previous token's word (WordPiece's `##` prefix; [UNK] never does).
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    words: np.ndarray
+    subword: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def encode(tokenizer: Tokenizer, text: str) -> Tokens:
+    """Encode one text without special tokens, keeping offsets, words and subword flags."""
+    enc: Encoding = tokenizer.encode(text, add_special_tokens=False)
+    n = len(enc.ids)
+    prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or "##"
+    unk = getattr(tokenizer.model, "unk_token", None)
+    subword = np.fromiter(
+        (tok.startswith(prefix) and tok != unk for tok in enc.tokens), dtype=bool, count=n
+    )
+    return Tokens(
+        ids=np.asarray(enc.ids, dtype=np.int64),
+        offsets=np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2),
+        words=np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64),
+        subword=subword,
+    )
+
+
+def row(cls_id: int, sep_id: int, a: np.ndarray, b: np.ndarray | None = None) -> Sequence:
+    """The BERT layout: `[CLS] a [SEP]`, or `[CLS] a [SEP] b [SEP]` with type id 1 on `b [SEP]`."""
+    parts = [[cls_id], a, [sep_id]]
+    types = [np.zeros(len(a) + 2, dtype=np.int64)]
+    if b is not None:
+        parts += [b, [sep_id]]
+        types.append(np.ones(len(b) + 1, dtype=np.int64))
+    return Sequence(
+        input_ids=np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]),
+        token_type_ids=np.concatenate(types),
+    )
+
+
+def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Lengths to keep of a pair under `budget` tokens (special tokens excluded), as the
+    `tokenizers` longest_first strategy computes them: the shorter sequence is kept whole
+    when it fits in half the budget, the longer one gets the rest; when both are longer than
+    half, each gets half and the longer one the odd token."""
+    if len_a + len_b <= budget:
+        return len_a, len_b
+    short, long_ = sorted((len_a, len_b))
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short = budget // 2
+        long_ = short + budget % 2
+    return (long_, short) if len_a > len_b else (short, long_)
+
+
+def windows(n_tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
+    """Token ranges [start, stop) of overlapping windows, as `tokenizers` cuts overflowing
+    tokens: windows of `room` tokens, each starting `room - stride` after the previous one,
+    so consecutive windows share `stride` tokens; the last window ends at the text's end."""
+    if n_tokens <= room:
+        return [(0, n_tokens)]
+    if not 0 <= stride < room:
+        raise ValueError(f"stride ({stride}) must be in [0, {room}), the tokens per window")
+    spans = []
+    for start in range(0, n_tokens, room - stride):
+        stop = min(start + room, n_tokens)
+        spans.append((start, stop))
+        if stop == n_tokens:
+            break
+    return spans
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Rows for classification or embedding: one Sequence per input, in input order.
+
+    truncated: how many inputs lost tokens to `max_seq_length`.
+    """
+
+    sequences: list[Sequence]
+    truncated: int
+
+
+TextInput = str | tuple[str, str]
+
+
+def encode_texts(
+    tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
+) -> Prepared:
+    """Single texts or (a, b) pairs -> one row each, cut to `max_seq_length` (longest_first for
+    pairs). With `truncate=False` an input that does not fit is an InputError instead."""
+    cls_id, sep_id = special_ids(tokenizer)
+    flat: list[str] = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, str):
+            flat.append(x)
+        elif isinstance(x, tuple | list) and len(x) == 2 and all(isinstance(s, str) for s in x):
+            flat.extend(x)
+        else:
+            raise InputError(f"inputs[{i}]: expected a string or a pair of two strings")
+    pairs = [not isinstance(x, str) for x in inputs]
+    min_length = 3 if any(pairs) else 2
+    if max_seq_length < min_length:
+        raise ValueError(f"max_seq_length ({max_seq_length}) leaves no room for any token")
+
+    # One batch call: `tokenizers` encodes it in parallel in Rust, and a pair's two texts are
+    # normalised and pre-tokenized independently anyway, so encoding them apart is exact.
+    ids = iter(
+        [
+            np.asarray(e.ids, dtype=np.int64)
+            for e in tokenizer.encode_batch(flat, add_special_tokens=False)
+        ]
+    )
+    sequences: list[Sequence] = []
+    truncated = 0
+    for i, is_pair in enumerate(pairs):
+        a, b = next(ids), (next(ids) if is_pair else None)
+        n_special = 3 if is_pair else 2
+        length = len(a) + (0 if b is None else len(b)) + n_special
+        if length > max_seq_length:
+            if not truncate:
+                raise InputError(
+                    f"inputs[{i}] is {length} tokens long, more than max_seq_length "
+                    f"{max_seq_length}; shorten it or allow truncation"
+                )
+            truncated += 1
+            budget = max_seq_length - n_special
+            if b is None:
+                a = a[:budget]
+            else:
+                keep_a, keep_b = longest_first(len(a), len(b), budget)
+                a, b = a[:keep_a], b[:keep_b]
+        sequences.append(row(cls_id, sep_id, a, b))
+    return Prepared(sequences=sequences, truncated=truncated)

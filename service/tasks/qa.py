@@ -1,0 +1,220 @@
+"""Extractive question answering: (question, context) -> answer spans of the context.
+
+    prepared = encode_pre(tokenizer, question, context, max_seq_len=384, doc_stride=128)
+    # the batcher runs prepared.sequences; each window's Outputs has start_logits / end_logits (L,)
+    answers = encode_post(prepared, outputs, top_k=1)
+
+Semantics follow transformers' question-answering pipeline (fast tokenizer path), so that
+`training.evaluate` and the service score spans the same way:
+
+- windows `[CLS] question [SEP] context-part [SEP]`; consecutive windows share `doc_stride`
+  context tokens; the question is never cut;
+- per window, tokens outside the context (except [CLS]) are masked, start and end logits get a
+  softmax each, a span scores start_prob * end_prob with end >= start and at most
+  `max_answer_len` tokens; spans widen to whole words (`align_to_words`); the same answer text
+  (ignoring case) found again, in this window or another, adds its score to the first one;
+- the null answer scores min over windows of p_start[CLS] * p_end[CLS] and competes only with
+  `handle_impossible_answer`.
+
+Differences, on purpose: a list is returned also for top_k=1 (the pipeline returns a bare dict);
+only valid spans are returned, so fewer than top_k answers come back when the context has fewer
+spans (the pipeline pads with zero-score spans that can be empty or reversed); a question that
+leaves no room for context, an empty context, or a doc_stride too large for the room left, is an
+InputError (the tokenizer would raise); `max_question_len` refuses longer questions rather than
+cut them (the fast pipeline ignores it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from service.errors import InputError
+from service.tasks import Outputs, Sequence
+from service.tasks._text import encode, row, special_ids, windows
+
+__all__ = ["Prepared", "Window", "decode_spans", "encode_post", "encode_pre", "span_probs"]
+
+# The pipeline's mask value: exp(-10000 - max) is exactly 0 in float32.
+_MASKED = -10000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One model row; its context tokens sit at row positions [context_start, context_start + n).
+
+    offsets (n, 2): character offsets of those tokens in the context;
+    word_spans (n, 2): character span of the word each token belongs to, counting only this
+    window's tokens (a word cut by the window edge ends at the edge), as the pipeline aligns.
+    """
+
+    sequence: Sequence
+    context_start: int
+    offsets: np.ndarray
+    word_spans: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    context: str
+    windows: list[Window]
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [w.sequence for w in self.windows]
+
+    @property
+    def windowed(self) -> bool:
+        return len(self.windows) > 1
+
+
+def _word_spans(offsets: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """(n, 2) offsets and (n,) non-decreasing word ids -> each token's word span."""
+    spans = offsets.copy()
+    first = 0
+    for i in range(1, len(words) + 1):
+        if i == len(words) or words[i] != words[first]:
+            spans[first:i, 0] = offsets[first, 0]
+            spans[first:i, 1] = offsets[i - 1, 1]
+            first = i
+    return spans
+
+
+def encode_pre(
+    tokenizer: Tokenizer,
+    question: str,
+    context: str,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_question_len: int | None = None,
+) -> Prepared:
+    """Windows over the context, each `[CLS] question [SEP] part [SEP]` of <= max_seq_len tokens."""
+    cls_id, sep_id = special_ids(tokenizer)
+    q = encode(tokenizer, question)
+    c = encode(tokenizer, context)
+    if len(c) == 0:
+        raise InputError("context is empty: it has no tokens to answer from")
+    if max_question_len is not None and len(q) > max_question_len:
+        raise InputError(
+            f"question is {len(q)} tokens long, more than max_question_len {max_question_len}"
+        )
+    room = max_seq_len - len(q) - 3
+    if room < 1:
+        raise InputError(
+            f"question is too long for max_seq_len {max_seq_len}: its {len(q)} tokens leave "
+            "no room for the context"
+        )
+    if doc_stride < 0:
+        raise InputError(f"doc_stride must be >= 0, not {doc_stride}")
+    if len(c) > room and doc_stride >= room:
+        raise InputError(
+            f"doc_stride ({doc_stride}) must be smaller than the {room} context tokens that fit "
+            f"in a window beside the question; lower doc_stride or raise max_seq_len"
+        )
+    out = []
+    for start, stop in windows(len(c), room, doc_stride):
+        offsets = c.offsets[start:stop]
+        out.append(
+            Window(
+                sequence=row(cls_id, sep_id, q.ids, c.ids[start:stop]),
+                context_start=len(q) + 2,
+                offsets=offsets,
+                word_spans=_word_spans(offsets, c.words[start:stop]),
+            )
+        )
+    return Prepared(context=context, windows=out)
+
+
+def span_probs(
+    start_logits: np.ndarray, end_logits: np.ndarray, allowed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(L,) logits -> (L,) float32 start and end probabilities, each a softmax over the
+    `allowed` positions only (others get probability 0)."""
+    start = np.where(allowed, np.asarray(start_logits, dtype=np.float32), np.float32(_MASKED))
+    end = np.where(allowed, np.asarray(end_logits, dtype=np.float32), np.float32(_MASKED))
+    start = np.exp(start - start.max())
+    end = np.exp(end - end.max())
+    return start / start.sum(), end / end.sum()
+
+
+def decode_spans(
+    start_probs: np.ndarray,
+    end_probs: np.ndarray,
+    top_k: int,
+    max_answer_len: int,
+    undesired: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The `top_k` best token spans, best first: (starts, ends, scores), ends inclusive.
+
+    A span (s, e) scores start_probs[s] * end_probs[e]; it needs s <= e < s + max_answer_len,
+    and neither end on an `undesired` position (L,) bool (question, special tokens).
+    """
+    n = len(start_probs)
+    # Only the band s <= e < s + max_answer_len, in row-major order (s, then e): n * 15 pairs
+    # instead of the n * n the pipeline's outer product builds.
+    width = min(max_answer_len, n)
+    s_idx = np.repeat(np.arange(n), width)
+    e_idx = s_idx + np.tile(np.arange(width), n)
+    inside = e_idx < n
+    s_idx, e_idx = s_idx[inside], e_idx[inside]
+    keep = ~undesired[s_idx] & ~undesired[e_idx]
+    s_idx, e_idx = s_idx[keep], e_idx[keep]
+    scores = start_probs[s_idx] * end_probs[e_idx]
+    if top_k < len(scores):
+        part = np.argpartition(-scores, top_k - 1)[:top_k]
+        # restore row-major order inside the partition so the stable sort breaks ties as the
+        # pipeline's argmax does: the earliest span wins
+        part.sort()
+        order = part[np.argsort(-scores[part], kind="stable")]
+    else:
+        order = np.argsort(-scores, kind="stable")
+    return s_idx[order], e_idx[order], scores[order]
+
+
+def encode_post(
+    prepared: Prepared,
+    outputs: list[Outputs],
+    top_k: int = 1,
+    max_answer_len: int = 15,
+    handle_impossible_answer: bool = False,
+    align_to_words: bool = True,
+) -> list[dict]:
+    """Window outputs -> up to `top_k` answers {"answer", "score", "start", "end"}, best first;
+    start / end are character offsets into the context and answer == context[start:end]."""
+    if top_k < 1:
+        raise InputError(f"top_k must be at least 1, not {top_k}")
+    if max_answer_len < 1:
+        raise InputError(f"max_answer_len must be at least 1, not {max_answer_len}")
+    if len(outputs) != len(prepared.windows):
+        raise ValueError(f"{len(outputs)} outputs for {len(prepared.windows)} windows")
+    # Word alignment can map several token spans onto one answer, so the pipeline looks past
+    # top_k per window; the same margin keeps our scores equal to its scores.
+    per_window = top_k * 2 + 10 if align_to_words else top_k
+    context = prepared.context
+    answers: list[dict] = []
+    by_text: dict[str, dict] = {}
+    min_null = np.inf
+    for window, out in zip(prepared.windows, outputs, strict=True):
+        n_row = len(window.sequence)
+        c0, c1 = window.context_start, window.context_start + len(window.offsets)
+        in_context = np.zeros(n_row, dtype=bool)
+        in_context[c0:c1] = True
+        allowed = in_context.copy()
+        allowed[0] = True  # [CLS] joins the softmax: it carries the "no answer" score
+        start, end = span_probs(out["start_logits"], out["end_logits"], allowed)
+        min_null = min(min_null, float(start[0] * end[0]))
+        starts, ends, scores = decode_spans(start, end, per_window, max_answer_len, ~in_context)
+        spans = window.word_spans if align_to_words else window.offsets
+        for s, e, score in zip(starts, ends, scores, strict=True):
+            a, b = int(spans[s - c0, 0]), int(spans[e - c0, 1])
+            key = context[a:b].lower()
+            if key in by_text:
+                by_text[key]["score"] += float(score)
+            else:
+                by_text[key] = {"answer": context[a:b], "score": float(score), "start": a, "end": b}
+                answers.append(by_text[key])
+    if handle_impossible_answer:
+        answers.append({"answer": "", "score": min_null, "start": 0, "end": 0})
+    return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]

@@ -1,0 +1,178 @@
+"""Fixtures for the service tests: real tiny model packages, an app with its lifespan running
+behind an httpx client, and a real uvicorn server on a free loopback port.
+
+Packages come from `make_package` alone, which wraps tests.packages: a tiny random-weight
+encoder exported by the real training.export with a toy vocabulary, so these tests need neither
+../shared nor a download. Each task is exported once per session and copied per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.package import write_package
+from service.settings import Settings
+
+TASKS = ("classification", "token-classification", "question-answering", "embedding")
+NAMES = {
+    "classification": "sst2",
+    "token-classification": "conll",
+    "question-answering": "squad",
+    "embedding": "minilm",
+}
+MAX_SEQ_LENGTH = 64  # small, so that windowing is easy to reach
+
+
+@pytest.fixture(scope="session")
+def make_package(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """make_package(tmp_dir, task, name=None, **manifest) -> the package folder tmp_dir/name.
+
+    `manifest` overrides package.json fields (sha256 is recomputed), e.g. prefer={...}.
+    """
+    packages = pytest.importorskip("tests.packages")  # needs torch: dev installs only
+
+    def make(tmp_dir: Path, task: str, name: str | None = None, **manifest: Any) -> Path:
+        out = Path(tmp_dir) / (name or NAMES[task])
+        variants = ("fp32", "int8") if task == "classification" else ("fp32",)
+        # The same export for every name (tests.packages caches it): renaming only rewrites
+        # package.json.
+        packages.build_tiny_package(
+            out, task, name=NAMES[task], max_seq_length=MAX_SEQ_LENGTH, variants=variants
+        )
+        if name or manifest:
+            m = json.loads((out / "package.json").read_text())
+            m.update(manifest, name=name or m["name"])
+            write_package(out, {k: v for k, v in m.items() if k not in ("sha256", "format")})
+        return out
+
+    return make
+
+
+def _all_tasks(folder: Path, make_package: Callable[..., Path]) -> Path:
+    folder.mkdir()
+    for task in TASKS:
+        make_package(folder, task)
+    return folder
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path, make_package: Callable[..., Path]) -> Path:
+    """A model_dir with one package per task."""
+    return _all_tasks(tmp_path / "models", make_package)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Service:
+    app: FastAPI
+    client: httpx.AsyncClient
+
+    @property
+    def registry(self) -> Any:
+        return self.app.state.registry
+
+    async def metrics(self) -> str:
+        return (await self.client.get("/metrics")).text
+
+
+@asynccontextmanager
+async def serve(settings: Settings, wait: bool = True) -> AsyncIterator[Service]:
+    """The app with its lifespan running (packages loaded when `wait`), and a client to it."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        if wait:
+            await asyncio.wait_for(app.state.registry.loaded.wait(), 60)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", timeout=30
+        ) as client:
+            yield Service(app, client)
+
+
+@pytest.fixture
+async def service(model_dir: Path) -> AsyncIterator[Service]:
+    """A fresh service over one package per task: metrics start at zero."""
+    async with serve(Settings(model_dir=model_dir)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+async def shared(
+    tmp_path_factory: pytest.TempPathFactory, make_package: Callable[..., Path]
+) -> AsyncIterator[Service]:
+    """One service for a whole module, for tests that only read answers (not metrics)."""
+    models = _all_tasks(tmp_path_factory.mktemp("shared") / "models", make_package)
+    async with serve(Settings(model_dir=models)) as s:
+        yield s
+
+
+class LiveServer:
+    """uvicorn in a thread on a free 127.0.0.1 port, for what only a real server shows:
+    disconnects, shutdown, bodies on a socket."""
+
+    def __init__(self, app: FastAPI, drain_timeout: float = 5) -> None:
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=int(drain_timeout)
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def start(self, ready: bool = True) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while ready and time.monotonic() < deadline:
+            if httpx.get(self.url + "/ready").status_code == 200:
+                break
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+@pytest.fixture
+def live(model_dir: Path) -> Iterator[Callable[..., LiveServer]]:
+    """live(**settings) -> a started LiveServer over model_dir; stopped after the test."""
+    servers: list[LiveServer] = []
+
+    def start(**settings: Any) -> LiveServer:
+        server = LiveServer(
+            create_app(Settings(model_dir=model_dir, **settings)), settings.get("drain_timeout", 5)
+        )
+        servers.append(server.start())
+        return server
+
+    yield start
+    for server in servers:
+        if server.thread.is_alive():
+            server.stop()

@@ -1,0 +1,213 @@
+"""Every endpoint's happy path, single and batched, and the shape rule: a single input gets
+its answer, a list gets a list (/embed always a list of vectors)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.settings import Settings
+from tests.packages import DEFAULT_LABELS
+from tests.service.conftest import Service, serve
+
+NER_LABELS = DEFAULT_LABELS["token-classification"]
+
+pytestmark = pytest.mark.anyio
+
+TEXT = "john lives in paris, france"
+QUESTION, CONTEXT = "where does john live?", "john lives in paris. mary works in new york city."
+
+
+def assert_labels(result: list[dict], k: int) -> None:
+    assert len(result) == k
+    assert {r["label"] for r in result} <= {"negative", "positive"}
+    scores = [r["score"] for r in result]
+    assert scores == sorted(scores, reverse=True)
+
+
+async def test_classify_single_and_batch(shared: Service) -> None:
+    single = (await shared.client.post("/classify", json={"inputs": TEXT})).json()
+    assert_labels(single, 1)
+    batch = (
+        await shared.client.post("/classify", json={"inputs": [TEXT, "a bad film"], "top_k": None})
+    ).json()
+    assert len(batch) == 2
+    assert_labels(batch[0], 2)
+    assert pytest.approx(sum(r["score"] for r in batch[0])) == 1.0  # softmax over both labels
+    assert batch[0][0] == pytest.approx(single[0])
+
+
+async def test_classify_pairs_and_sigmoid(shared: Service) -> None:
+    r = await shared.client.post(
+        "/classify",
+        json={"inputs": [["a cat sat", "a dog sat"]], "function_to_apply": "sigmoid", "top_k": 2},
+    )
+    assert r.status_code == 200, r.text
+    [result] = r.json()
+    assert_labels(result, 2)
+    assert all(0 < x["score"] < 1 for x in result)
+
+
+async def test_ner_single_and_batch(shared: Service) -> None:
+    r = await shared.client.post(
+        "/ner", json={"inputs": TEXT, "aggregation_strategy": "none", "ignore_labels": []}
+    )
+    assert r.status_code == 200, r.text
+    tokens = r.json()
+    assert tokens, "strategy none with no ignored labels returns every token"
+    for t in tokens:
+        assert t["entity"] in NER_LABELS
+        assert TEXT[t["start"] : t["end"]] == t["word"]
+    batch = (await shared.client.post("/ner", json={"inputs": [TEXT, "mary works"]})).json()
+    assert len(batch) == 2 and all(isinstance(x, list) for x in batch)
+    for entity in batch[0]:
+        assert set(entity) == {"entity_group", "score", "word", "start", "end"}
+        assert TEXT[entity["start"] : entity["end"]] == entity["word"]
+
+
+async def test_ner_long_text_is_windowed_not_cut(service: Service) -> None:
+    text = " ".join(["john lives in paris"] * 60)  # ~240 tokens, the window is 64
+    r = await service.client.post(
+        "/ner", json={"inputs": text, "aggregation_strategy": "none", "ignore_labels": []}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()[-1]["end"] == len(text)
+    assert (
+        'inputs_windowed_total{model="conll",task="token-classification"} 1.0'
+        in await service.metrics()
+    )
+
+
+async def test_qa_single_batch_and_top_k(shared: Service) -> None:
+    single = (
+        await shared.client.post("/qa", json={"question": QUESTION, "context": CONTEXT})
+    ).json()
+    assert set(single) == {"answer", "score", "start", "end"}
+    assert CONTEXT[single["start"] : single["end"]] == single["answer"]
+    items = [
+        {"question": QUESTION, "context": CONTEXT},
+        {"question": "who works?", "context": CONTEXT},
+    ]
+    batch = (await shared.client.post("/qa", json={"inputs": items})).json()
+    assert len(batch) == 2 and batch[0] == single
+    hf_form = {"inputs": {"question": QUESTION, "context": CONTEXT}}  # the HF Inference API's
+    assert (await shared.client.post("/qa", json=hf_form)).json() == single
+    top = (
+        await shared.client.post("/qa", json={"question": QUESTION, "context": CONTEXT, "top_k": 3})
+    ).json()
+    assert len(top) == 3 and top[0] == single
+
+
+async def test_qa_long_context_is_windowed(service: Service) -> None:
+    context = " ".join(["mary works in new york city."] * 40)
+    r = await service.client.post(
+        "/qa", json={"question": QUESTION, "context": context, "max_seq_len": 999}
+    )
+    assert r.status_code == 200, r.text
+    assert (
+        'inputs_windowed_total{model="squad",task="question-answering"} 1.0'
+        in await service.metrics()
+    )
+
+
+async def test_embed_single_and_batch(shared: Service) -> None:
+    single = (await shared.client.post("/embed", json={"inputs": TEXT})).json()
+    assert len(single) == 1 and len(single[0]) == 32  # always a list of vectors, as TEI
+    assert np.linalg.norm(single[0]) == pytest.approx(1.0, abs=1e-5)
+    batch = (
+        await shared.client.post("/embed", json={"inputs": [TEXT, "a cat"], "normalize": False})
+    ).json()
+    assert len(batch) == 2
+    assert np.asarray(batch[0]) / np.linalg.norm(batch[0]) == pytest.approx(
+        np.asarray(single[0]), abs=1e-5
+    )
+
+
+async def test_openai_embeddings(shared: Service) -> None:
+    r = await shared.client.post(
+        "/v1/embeddings", json={"input": [TEXT, "a cat"], "model": "minilm"}
+    )
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == "minilm"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert all(d["object"] == "embedding" and len(d["embedding"]) == 32 for d in body["data"])
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 4
+    b64 = (
+        await shared.client.post(
+            "/v1/embeddings", json={"input": TEXT, "encoding_format": "base64"}
+        )
+    ).json()
+    decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
+    assert decoded == pytest.approx(np.asarray(body["data"][0]["embedding"]), abs=1e-6)
+
+
+async def test_models_lists_every_package(shared: Service) -> None:
+    body = (await shared.client.get("/models")).json()
+    by_name = {m["name"]: m for m in body["models"]}
+    assert set(by_name) == {"sst2", "conll", "squad", "minilm"}
+    sst2 = by_name["sst2"]
+    assert sst2["state"] == "ready" and sst2["provider"] == "cpu" and sst2["variant"] == "fp32"
+    assert sst2["labels"] == ["negative", "positive"] and sst2["max_seq_length"] == 64
+    assert body["limits"]["max_client_batch_size"] == 64
+
+
+async def test_health_ready_and_docs(shared: Service) -> None:
+    assert (await shared.client.get("/health")).json() == {"status": "alive"}
+    ready = await shared.client.get("/ready")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert (await shared.client.get("/docs")).status_code == 200
+    assert "/v1/embeddings" in (await shared.client.get("/openapi.json")).json()["paths"]
+
+
+async def test_model_selects_among_packages_of_a_task(tmp_path: Path, make_package) -> None:
+    make_package(tmp_path, "classification", "first")
+    make_package(tmp_path, "classification", "second")
+    async with serve(Settings(model_dir=tmp_path)) as s:
+        r = await s.client.post("/classify", json={"inputs": TEXT})
+        assert r.status_code == 422 and "first, second" in r.json()["error"]
+        assert (
+            await s.client.post("/classify", json={"inputs": TEXT, "model": "second"})
+        ).status_code == 200
+
+
+async def test_variant_setting_overrides_the_package_preference(
+    tmp_path: Path, make_package
+) -> None:
+    make_package(tmp_path, "classification", "sst2", prefer={"cpu": "int8", "gpu": "fp32"})
+    async with serve(Settings(model_dir=tmp_path)) as s:
+        assert (await s.client.get("/models")).json()["models"][0]["variant"] == "int8"
+        assert (await s.client.post("/classify", json={"inputs": TEXT})).status_code == 200
+    async with serve(Settings(model_dir=tmp_path, variant="fp32")) as s:
+        assert (await s.client.get("/models")).json()["models"][0]["variant"] == "fp32"
+
+
+async def test_api_key(model_dir: Path) -> None:
+    async with serve(Settings(model_dir=model_dir, api_key="s3cret", protect_metrics=True)) as s:
+        r = await s.client.post("/classify", json={"inputs": TEXT})
+        assert r.status_code == 401 and r.json()["error_type"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+        wrong = {"Authorization": "Bearer nope"}
+        assert (
+            await s.client.post("/classify", json={"inputs": TEXT}, headers=wrong)
+        ).status_code == 401
+        good = {"Authorization": "Bearer s3cret"}
+        assert (
+            await s.client.post("/classify", json={"inputs": TEXT}, headers=good)
+        ).status_code == 200
+        assert (await s.client.get("/models")).status_code == 401
+        assert (await s.client.get("/metrics")).status_code == 401
+        assert (await s.client.get("/metrics", headers=good)).status_code == 200
+        assert (await s.client.get("/ready")).status_code == 200  # probes stay open
+
+
+async def test_cors_only_when_origins_are_set(model_dir: Path) -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    async with serve(Settings(model_dir=model_dir, cors_origins="https://app.example")) as s:
+        r = await s.client.options("/classify", headers=preflight)
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+    async with serve(Settings(model_dir=model_dir)) as s:
+        r = await s.client.options("/classify", headers=preflight)
+        assert "access-control-allow-origin" not in r.headers

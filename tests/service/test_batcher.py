@@ -1,0 +1,242 @@
+"""The batcher against a fake backend that records every batch: budgets, grouping by length,
+split requests, drops before compute, deadlines, and failures that stay in their batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from service.batcher import Admission, Batcher, grow_batch, pad
+from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
+from service.metrics import Metrics
+from service.tasks import Sequence
+
+pytestmark = pytest.mark.anyio
+
+
+def seq(length: int, first_id: int = 1) -> Sequence:
+    """A row of `length` tokens whose ids start at first_id (so rows can be told apart)."""
+    return Sequence(
+        np.arange(first_id, first_id + length, dtype=np.int64), np.zeros(length, dtype=np.int64)
+    )
+
+
+class FakeBackend:
+    """Outputs: `tokens` (B, T) = the ids (a sequence output), `total` (B,) = sum of real ids.
+    `gate` holds the first batch until released; `fail_on` fails a batch containing that id."""
+
+    provider = "cpu"
+
+    def __init__(self, fail_on: int | None = None, hold_first: bool = False) -> None:
+        self.batches: list[np.ndarray] = []
+        self.fail_on = fail_on
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        if not hold_first:
+            self.gate.set()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.entered.set()
+        self.gate.wait(10)
+        ids, mask = feeds["input_ids"], feeds["attention_mask"]
+        self.batches.append(ids)
+        if self.fail_on is not None and (ids == self.fail_on).any():
+            raise RuntimeError("ORT says no")
+        return {"tokens": ids.astype(np.float32), "total": (ids * mask).sum(-1).astype(np.float32)}
+
+    def ran(self, first_id: int) -> bool:
+        return any((b[:, 0] == first_id).any() for b in self.batches)
+
+
+def make(backend: FakeBackend, **limits: float) -> tuple[Batcher, Metrics]:
+    metrics = Metrics()
+    batcher = Batcher(
+        backend,
+        metrics.add_model("m", "token-classification"),
+        sequence_outputs=frozenset({"tokens"}),
+        max_batch_tokens=int(limits.get("tokens", 1000)),
+        max_batch_size=int(limits.get("size", 64)),
+        max_wait_ms=limits.get("wait_ms", 0),
+    )
+    batcher.start()
+    return batcher, metrics
+
+
+def deadline(seconds: float = 10) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(
+        name, {"model": "m", "task": "token-classification", **labels}
+    )
+    return value or 0.0
+
+
+def test_grow_batch_takes_shorter_rows_first_and_respects_budgets() -> None:
+    lengths = [2, 3, 5, 8, 13]
+    assert grow_batch(lengths, seed=2, max_tokens=20, max_size=10) == (0, 3)  # 3 x 5 = 15
+    assert grow_batch(lengths, seed=2, max_tokens=100, max_size=10) == (0, 5)
+    assert grow_batch(lengths, seed=2, max_tokens=100, max_size=2) == (1, 3)
+    assert grow_batch(lengths, seed=4, max_tokens=5, max_size=10) == (4, 5)  # alone, over budget
+
+
+def test_pad_masks_and_pads_with_zeros() -> None:
+    feeds = pad([seq(3, 5), Sequence(np.array([7], dtype=np.int64), np.array([1], dtype=np.int64))])
+    assert feeds["input_ids"].tolist() == [[5, 6, 7], [7, 0, 0]]
+    assert feeds["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert feeds["token_type_ids"].tolist() == [[0, 0, 0], [1, 0, 0]]
+    assert all(v.dtype == np.int64 for v in feeds.values())
+
+
+async def test_outputs_come_back_per_row_with_padding_cut() -> None:
+    batcher, _ = make(FakeBackend())
+    rows = [seq(4, 10), seq(2, 20), seq(6, 30)]
+    outputs = await batcher.submit(rows, deadline())
+    for row, out in zip(rows, outputs, strict=True):
+        assert out["tokens"].tolist() == row.input_ids.tolist()  # sequence axis cut to the row
+        assert out["total"].shape == () and out["total"] == row.input_ids.sum()
+    await batcher.stop()
+
+
+async def test_concurrent_requests_share_batches_within_budgets() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, metrics = make(backend, tokens=64, size=8)
+    first = asyncio.create_task(batcher.submit([seq(3, 1000)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)  # the worker is busy with `first`
+    lengths = [3, 9, 4, 8, 5, 7, 6, 16, 2, 3] * 3
+    tasks = [
+        asyncio.create_task(batcher.submit([seq(n, 100 * i)], deadline()))
+        for i, n in enumerate(lengths)
+    ]
+    await asyncio.sleep(0.05)
+    backend.gate.set()
+    results = await asyncio.gather(first, *tasks)
+    for (out,), n in zip(results[1:], lengths, strict=True):
+        assert len(out["tokens"]) == n
+    later = backend.batches[1:]
+    assert len(later) < len(lengths), "queued requests were batched together"
+    for batch in later:
+        assert batch.shape[0] <= 8 and (batch.shape[0] == 1 or batch.size <= 64)
+    assert sample(metrics, "bert_heads_batch_size_count") == len(backend.batches)
+    await batcher.stop()
+
+
+async def test_similar_lengths_share_a_batch() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, _ = make(backend, tokens=4 * 40, size=4)
+    first = asyncio.create_task(batcher.submit([seq(2, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    # alternate short and long rows: FIFO batches would pad every short row to 40
+    lengths = [4, 40, 5, 39, 4, 38, 5, 37]
+    tasks = [
+        asyncio.create_task(batcher.submit([seq(n, 100 * (i + 1))], deadline()))
+        for i, n in enumerate(lengths)
+    ]
+    await asyncio.sleep(0.05)
+    backend.gate.set()
+    await asyncio.gather(first, *tasks)
+    widths = sorted(b.shape[1] for b in backend.batches[1:])
+    assert widths == [5, 40]
+    await batcher.stop()
+
+
+async def test_max_wait_lets_a_batch_gather_rows_when_idle() -> None:
+    backend = FakeBackend()
+    batcher, _ = make(backend, wait_ms=100)
+    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    await asyncio.sleep(0.02)
+    second = asyncio.create_task(batcher.submit([seq(3, 10)], deadline()))
+    await asyncio.gather(first, second)
+    assert [b.shape[0] for b in backend.batches] == [2]
+    await batcher.stop()
+
+
+async def test_a_request_split_across_batches_completes_once_all_rows_ran() -> None:
+    backend = FakeBackend()
+    batcher, _ = make(backend, tokens=20, size=2)
+    rows = [seq(5, 10 * i + 1) for i in range(7)]
+    outputs = await batcher.submit(rows, deadline())
+    assert len(backend.batches) == 4  # 2 + 2 + 2 + 1 rows
+    assert [o["tokens"][0] for o in outputs] == [r.input_ids[0] for r in rows]
+    await batcher.stop()
+
+
+async def test_a_cancelled_request_is_dropped_before_it_costs_compute() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, metrics = make(backend)
+    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    gone = asyncio.create_task(batcher.submit([seq(3, 500), seq(4, 600)], deadline()))
+    kept = asyncio.create_task(batcher.submit([seq(3, 700)], deadline()))
+    await asyncio.sleep(0.01)
+    gone.cancel()  # what the route does when the client disconnects
+    await asyncio.sleep(0.01)
+    backend.gate.set()
+    await first, await kept
+    assert not backend.ran(500) and not backend.ran(600) and backend.ran(700)
+    assert sample(metrics, "bert_heads_dropped_requests_total", reason="client_gone") == 1
+    assert sample(metrics, "bert_heads_queue_depth") == 0
+    await batcher.stop()
+
+
+async def test_a_request_past_its_deadline_is_dropped() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, metrics = make(backend)
+    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    with pytest.raises(DeadlineExceeded):
+        await batcher.submit([seq(3, 500)], deadline(0.05))
+    backend.gate.set()
+    await first
+    assert not backend.ran(500)
+    assert sample(metrics, "bert_heads_dropped_requests_total", reason="deadline") == 1
+    await batcher.stop()
+
+
+async def test_a_backend_failure_fails_only_its_batch_and_the_worker_goes_on() -> None:
+    backend = FakeBackend(fail_on=666, hold_first=True)
+    batcher, _ = make(backend, tokens=10, size=1)  # one row per batch
+    bad = asyncio.create_task(batcher.submit([seq(3, 666)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    good = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    backend.gate.set()
+    with pytest.raises(BackendError):
+        await bad
+    assert (await good)[0]["total"] == 6
+    assert (await batcher.submit([seq(2, 5)], deadline()))[0]["total"] == 11
+    assert batcher.alive
+    await batcher.stop()
+
+
+async def test_stop_fails_what_is_still_queued() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, _ = make(backend)
+    running = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    queued = asyncio.create_task(batcher.submit([seq(3, 9)], deadline()))
+    await asyncio.sleep(0.01)
+    await batcher.stop()
+    backend.gate.set()
+    for task in (running, queued):
+        with pytest.raises(NotReady):
+            await task
+
+
+async def test_admission_refuses_past_the_limit_with_retry_after() -> None:
+    admission = Admission(2)
+    admission.acquire()
+    admission.acquire()
+    with pytest.raises(Overloaded) as refused:
+        admission.acquire()
+    assert refused.value.headers == {"Retry-After": "1"}
+    admission.release()
+    admission.acquire()
+    assert not await admission.wait_idle(0.01)
+    admission.release()
+    admission.release()
+    assert await admission.wait_idle(0.01)

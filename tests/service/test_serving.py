@@ -1,0 +1,397 @@
+"""Behaviour under load and through the lifecycle: dynamic batching, admission control, a
+failing backend, readiness while loading and draining, metrics, disconnects and shutdown.
+
+What only a real server shows (disconnects, a body on a socket, shutdown) runs against uvicorn
+on a loopback port; the rest goes through the ASGI app with its lifespan running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from service import registry as registry_module
+from service.app import create_app
+from service.runtime import Backend
+from service.settings import Settings
+from tests.service.conftest import TASKS, Service, serve
+
+pytestmark = pytest.mark.anyio
+
+
+class Gated:
+    """Wraps a model's backend: counts forward passes, can hold them until released, and
+    can fail the next ones."""
+
+    def __init__(self, inner: Backend, hold: bool = False) -> None:
+        self.inner = inner
+        self.provider = inner.provider
+        self.calls = 0
+        self.rows: list[int] = []
+        self.fail_next = 0
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        if not hold:
+            self.gate.set()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        self.rows.append(len(feeds["input_ids"]))
+        self.entered.set()
+        self.gate.wait(20)
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : simulated")
+        return self.inner.run(feeds)
+
+
+def gate(app: Any, name: str = "sst2", hold: bool = False) -> Gated:
+    model = next(e.model for e in app.state.registry.entries if e.name == name)
+    wrapped = Gated(model.backend, hold)
+    model.batcher.backend = wrapped
+    return wrapped
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of the Prometheus text `text`."""
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)\{(.*)\} (\S+)$", line)
+        if m and m.group(1) == name and dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))) == labels:
+            return float(m.group(3))
+    raise KeyError(f"{name}{labels}")
+
+
+SENTENCES = [" ".join(["the cat sat on the mat"] * (1 + i % 7)) + f" {i}" for i in range(64)]
+
+
+async def test_concurrent_requests_are_batched_and_answer_as_sequential_ones(
+    service: Service,
+) -> None:
+    client = service.client
+    sequential = [
+        (await client.post("/classify", json={"inputs": s, "top_k": None})).json()
+        for s in SENTENCES
+    ]
+    before = await service.metrics()
+    labels = {"model": "sst2", "task": "classification"}
+    passes_before = metric(before, "bert_heads_batch_size_count", **labels)
+
+    responses = await asyncio.gather(
+        *(client.post("/classify", json={"inputs": s, "top_k": None}) for s in SENTENCES)
+    )
+    after = await service.metrics()
+    passes = metric(after, "bert_heads_batch_size_count", **labels) - passes_before
+    rows = metric(after, "bert_heads_batch_size_sum", **labels) - metric(
+        before, "bert_heads_batch_size_sum", **labels
+    )
+    assert rows == 64
+    assert passes < 64, "64 concurrent requests took 64 forward passes: nothing was batched"
+    assert metric(after, "bert_heads_batch_size_bucket", le="1.0", **labels) < metric(
+        after, "bert_heads_batch_size_count", **labels
+    )
+    for response, alone in zip(responses, sequential, strict=True):
+        # compared by label: with near-equal scores, order is not what batching must keep
+        together = {x["label"]: x["score"] for x in response.json()}
+        assert together == pytest.approx({x["label"]: x["score"] for x in alone}, abs=1e-5)
+
+
+async def test_batched_embeddings_equal_single_ones(service: Service) -> None:
+    texts = SENTENCES[:16]
+    alone = [(await service.client.post("/embed", json={"inputs": t})).json()[0] for t in texts]
+    together = (await service.client.post("/embed", json={"inputs": texts})).json()
+    assert np.asarray(together) == pytest.approx(np.asarray(alone), abs=1e-5)
+
+
+async def test_admission_control_answers_429_with_retry_after(model_dir: Path) -> None:
+    async with serve(Settings(model_dir=model_dir, max_concurrent_requests=2)) as s:
+        backend = gate(s.app, hold=True)
+        held = [
+            asyncio.create_task(s.client.post("/classify", json={"inputs": t})) for t in ("a", "b")
+        ]
+        while s.registry.admission.in_flight < 2:
+            await asyncio.sleep(0.005)
+        refused = await s.client.post("/classify", json={"inputs": "c"})
+        assert refused.status_code == 429
+        assert refused.json()["error_type"] == "overloaded"
+        assert int(refused.headers["retry-after"]) >= 1
+        backend.gate.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+        assert (await s.client.post("/classify", json={"inputs": "c"})).status_code == 200
+        assert (
+            metric(
+                await s.metrics(),
+                "bert_heads_request_failures_total",
+                model="",
+                task="",
+                reason="overloaded",
+            )
+            == 1
+        )
+
+
+async def test_a_backend_failure_fails_that_batch_only(service: Service) -> None:
+    backend = gate(service.app)
+    backend.fail_next = 1
+    failed = await service.client.post("/classify", json={"inputs": "a good film"})
+    assert failed.status_code == 503
+    assert failed.json()["error_type"] == "backend"
+    assert (
+        await service.client.post("/classify", json={"inputs": "a good film"})
+    ).status_code == 200
+    text = await service.metrics()
+    assert (
+        metric(
+            text,
+            "bert_heads_request_failures_total",
+            model="sst2",
+            task="classification",
+            reason="backend",
+        )
+        == 1
+    )
+    assert (await service.client.get("/health")).status_code == 200
+
+
+async def test_request_timeout_answers_503_timeout(model_dir: Path) -> None:
+    async with serve(Settings(model_dir=model_dir, request_timeout=0.2)) as s:
+        backend = gate(s.app, hold=True)
+        first = asyncio.create_task(s.client.post("/classify", json={"inputs": "a"}))
+        await asyncio.to_thread(backend.entered.wait, 5)
+        late = await s.client.post("/classify", json={"inputs": "b"})
+        assert late.status_code == 503 and late.json()["error_type"] == "timeout"
+        backend.gate.set()
+        await first
+        text = await s.metrics()
+        assert (
+            metric(
+                text,
+                "bert_heads_dropped_requests_total",
+                model="sst2",
+                task="classification",
+                reason="deadline",
+            )
+            >= 1
+        )
+        assert backend.calls == 1, "the timed-out request never reached the model"
+
+
+async def test_ready_is_503_until_warm_up_ends(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real_warm_up = registry_module.warm_up
+
+    def slow_warm_up(backend: Backend, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        release.wait(20)
+        return real_warm_up(backend, feeds)
+
+    monkeypatch.setattr(registry_module, "warm_up", slow_warm_up)
+    async with serve(Settings(model_dir=model_dir), wait=False) as s:
+        r = await s.client.get("/ready")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert (await s.client.get("/health")).status_code == 200
+        not_yet = await s.client.post("/classify", json={"inputs": "a"})
+        assert not_yet.status_code == 503 and not_yet.json()["error_type"] == "not_ready"
+        release.set()
+        await asyncio.wait_for(s.registry.loaded.wait(), 20)
+        r = await s.client.get("/ready")
+        assert r.status_code == 200 and set(r.json()["models"].values()) == {"ready"}
+
+
+async def test_a_broken_package_fails_alone(model_dir: Path) -> None:
+    (model_dir / "squad" / "model.onnx").write_bytes(b"not a model")
+    async with serve(Settings(model_dir=model_dir)) as s:
+        ready = await s.client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "degraded"
+        assert "sha256" in ready.json()["models"]["squad"]
+        models = {m["name"]: m for m in (await s.client.get("/models")).json()["models"]}
+        assert models["squad"]["state"] == "failed" and "model.onnx" in models["squad"]["error"]
+        assert (await s.client.post("/classify", json={"inputs": "a"})).status_code == 200
+        qa = await s.client.post("/qa", json={"question": "who?", "context": "john"})
+        assert qa.status_code == 404 and qa.json()["error_type"] == "model_not_found"
+    async with serve(Settings(model_dir=model_dir, allow_partial=True)) as s:
+        assert (await s.client.get("/ready")).status_code == 200
+
+
+async def test_an_empty_model_dir_is_never_ready(tmp_path: Path) -> None:
+    async with serve(Settings(model_dir=tmp_path / "nothing")) as s:
+        r = await s.client.get("/ready")
+        assert r.status_code == 503 and r.json()["status"] == "empty"
+        r = await s.client.post("/embed", json={"inputs": "a"})
+        assert r.status_code == 404
+
+
+async def test_metrics_exist_at_zero_and_count_requests_stages_and_batches(
+    service: Service,
+) -> None:
+    text = await service.metrics()
+    for task, model in zip(TASKS, ("sst2", "conll", "squad", "minilm"), strict=True):
+        labels = {"model": model, "task": task}
+        assert metric(text, "bert_heads_queue_depth", **labels) == 0
+        assert metric(text, "bert_heads_batch_size_count", **labels) == 0
+        assert (
+            metric(text, "bert_heads_dropped_requests_total", reason="client_gone", **labels) == 0
+        )
+        assert metric(text, "bert_heads_request_failures_total", reason="backend", **labels) == 0
+        for stage in ("tokenization", "queue_wait", "inference", "postprocess"):
+            assert (
+                metric(text, "bert_heads_stage_duration_seconds_count", stage=stage, **labels) == 0
+            )
+    assert (
+        metric(
+            text,
+            "bert_heads_requests_total",
+            endpoint="/v1/embeddings",
+            status="200",
+            model="minilm",
+            task="embedding",
+        )
+        == 0
+    )
+
+    await service.client.post("/classify", json={"inputs": ["a", "b " * 200]})
+    text = await service.metrics()
+    labels = {"model": "sst2", "task": "classification"}
+    assert (
+        metric(text, "bert_heads_requests_total", endpoint="/classify", status="200", **labels) == 1
+    )
+    assert (
+        metric(text, "bert_heads_request_duration_seconds_count", endpoint="/classify", **labels)
+        == 1
+    )
+    for stage in ("tokenization", "queue_wait", "postprocess"):
+        assert metric(text, "bert_heads_stage_duration_seconds_count", stage=stage, **labels) == 1
+    assert metric(text, "bert_heads_stage_duration_seconds_count", stage="inference", **labels) >= 1
+    assert metric(text, "bert_heads_batch_tokens_sum", **labels) >= 2 * 64
+    assert metric(text, "bert_heads_inputs_truncated_total", **labels) == 1
+    assert metric(text, "bert_heads_model_info", variant="fp32", provider="cpu", **labels) == 1
+
+
+async def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(model_dir: Path) -> None:
+    app = create_app(Settings(model_dir=model_dir, drain_timeout=10))
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    await app.state.registry.loaded.wait()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as client:
+        backend = gate(app, hold=True)
+        in_flight = asyncio.create_task(client.post("/classify", json={"inputs": "a"}))
+        await asyncio.to_thread(backend.entered.wait, 5)
+        shutdown = asyncio.create_task(lifespan.__aexit__(None, None, None))
+        await asyncio.sleep(0.05)
+        ready = await client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        refused = await client.post("/classify", json={"inputs": "b"})
+        assert refused.status_code == 503 and refused.json()["error_type"] == "not_ready"
+        assert not shutdown.done(), "shutdown waits for the request in flight"
+        backend.gate.set()
+        assert (await in_flight).status_code == 200
+        await asyncio.wait_for(shutdown, 10)
+
+
+# -- a real server -------------------------------------------------------------------------------
+
+
+def test_a_client_that_disconnects_is_dropped_before_inference(live: Any) -> None:
+    server = live()
+    backend = gate(server.app, hold=True)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        first = threading.Thread(
+            target=client.post, args=("/classify",), kwargs={"json": {"inputs": "a"}}
+        )
+        first.start()
+        assert backend.entered.wait(5)
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+            httpx.post(server.url + "/classify", json={"inputs": ["b", "c"]}, timeout=0.3)
+        deadline = time.monotonic() + 5
+        text = ""
+        while time.monotonic() < deadline:
+            text = client.get("/metrics").text
+            if metric(
+                text,
+                "bert_heads_dropped_requests_total",
+                model="sst2",
+                task="classification",
+                reason="client_gone",
+            ):
+                break
+            time.sleep(0.02)
+        assert (
+            metric(
+                text,
+                "bert_heads_dropped_requests_total",
+                model="sst2",
+                task="classification",
+                reason="client_gone",
+            )
+            == 1
+        )
+        backend.gate.set()
+        first.join(10)
+        assert client.post("/classify", json={"inputs": "d"}).status_code == 200
+        assert backend.rows == [1, 1], "the abandoned rows never reached the model"
+
+
+def test_uvicorn_shutdown_lets_the_request_in_flight_finish(live: Any) -> None:
+    server = live(drain_timeout=10)
+    backend = gate(server.app, hold=True)
+    result: dict[str, int] = {}
+
+    def call() -> None:
+        result["status"] = httpx.post(
+            server.url + "/classify", json={"inputs": "a"}, timeout=20
+        ).status_code
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert backend.entered.wait(5)
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    time.sleep(0.2)
+    with pytest.raises(httpx.ConnectError):  # the listening socket is closed at once
+        httpx.get(server.url + "/health", timeout=1)
+    backend.gate.set()
+    caller.join(10)
+    stopper.join(10)
+    assert result == {"status": 200}
+
+
+def test_payload_limit_on_a_real_socket(live: Any) -> None:
+    server = live(payload_limit=1000)
+    host, port = server.url.removeprefix("http://").split(":")
+
+    def exchange(head: bytes, body: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(head + body)
+            data = b""
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
+                while chunk := sock.recv(65536):
+                    data += chunk
+            return data
+
+    declared = exchange(
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10000000\r\n\r\n",
+        b'{"inputs": "' + b"a" * 100,
+    )
+    assert declared.startswith(b"HTTP/1.1 413") and b"payload_too_large" in declared
+    chunk = b"a" * 600
+    streamed = exchange(
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+        (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 2,
+    )
+    assert streamed.startswith(b"HTTP/1.1 413")
+    assert httpx.post(server.url + "/classify", json={"inputs": "a"}).status_code == 200

