@@ -1,34 +1,53 @@
-# Everyday commands. `make test` is the README's test command and what CI runs.
+# Everyday commands. `make serve` and `make test` are the README's two commands; CI runs
+# `make test` and then `make test-e2e` (.ci/run).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+MODELS ?= models
+PORT ?= 8080
 
-.PHONY: install install-dev test lint format typecheck models serve clean
+.PHONY: help install install-dev test test-slow test-e2e lint format typecheck models serve clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python          ## service only (CPU ONNX Runtime), no torch
+install: $(BIN)/python  ## the service only (CPU ONNX Runtime), no torch
 	$(BIN)/pip install -q -e ".[cpu]"
 
-install-dev: $(BIN)/python      ## service + training + tests
+install-dev: $(BIN)/python  ## service + training + test tools
 	$(BIN)/pip install -q -e ".[cpu,train,dev]"
 
-test: install-dev               ## the unit suite (CI runs this)
+test: install-dev  ## lint + the unit suite (minutes; what CI runs first)
 	$(BIN)/ruff check service training tests benchmarks
+	$(BIN)/ruff format --check service training tests benchmarks
 	$(BIN)/python -m pytest -q
 
-lint: install-dev
+test-slow: install-dev  ## the slow-marked tests (real models end to end)
+	$(BIN)/python -m pytest -q -m slow
+
+models: install-dev  ## build the default model repository into ./models (MiniLM + demo heads)
+	$(BIN)/python -m training.default_models --out $(MODELS)
+
+serve: install-dev models  ## install, build the default models if missing, serve on 127.0.0.1:8080
+	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)
+
+test-e2e: models  ## Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
+	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
+
+lint: install-dev  ## ruff lint + format check
 	$(BIN)/ruff check service training tests benchmarks
 	$(BIN)/ruff format --check service training tests benchmarks
 
-format:
+format:  ## ruff format + autofix
 	$(BIN)/ruff format service training tests benchmarks
 	$(BIN)/ruff check --fix service training tests benchmarks
 
-typecheck: install-dev
+typecheck: install-dev  ## mypy on service/
 	$(BIN)/mypy
 
-clean:
+clean:  ## remove the virtualenv and caches (not ./models)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -40,11 +40,18 @@ def compose(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def server():
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
-        pytest.skip("no Docker daemon (on a registry-less machine: ../shared/scripts/docker-offline-setup.sh)")
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "info"], capture_output=True).returncode
+    ):
+        pytest.skip(
+            "no Docker daemon (on a registry-less machine: ../shared/scripts/docker-offline-setup.sh)"
+        )
     tasks = {json.loads(p.read_text())["task"] for p in MODELS.glob("*/package.json")}
     if len(tasks) < 4:
-        pytest.fail(f"models/ holds packages for {sorted(tasks)}; build the demo repository: make models")
+        pytest.fail(
+            f"models/ holds packages for {sorted(tasks)}; build the demo repository: make models"
+        )
     t0 = time.perf_counter()
     compose("build")
     built = time.perf_counter()
@@ -53,7 +60,9 @@ def server():
         ready = time.perf_counter()
         size = subprocess.run(
             ["docker", "image", "inspect", "-f", "{{.Size}}", "bert-heads:local"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         print(
             f"\n[e2e] image build {built - t0:.1f} s, up->ready {ready - built:.1f} s, "
@@ -64,7 +73,9 @@ def server():
     finally:
         logs = subprocess.run(
             ["docker", "compose", "-p", PROJECT, "logs", "--no-color", "--tail", "40"],
-            cwd=REPO, capture_output=True, text=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         ).stdout
         print(logs)
         compose("down", "-v", "--remove-orphans", timeout=120)
@@ -98,7 +109,10 @@ def test_ner_demo_sentence(server):
 def test_qa_demo_pair(server):
     r = server.post(
         "/qa",
-        json={"question": "Where does Maria live?", "context": "Maria lives in Lisbon and works in Porto."},
+        json={
+            "question": "Where does Maria live?",
+            "context": "Maria lives in Lisbon and works in Porto.",
+        },
     )
     assert r.status_code == 200, r.text
     print("[e2e] /qa:", r.json())
@@ -106,7 +120,9 @@ def test_qa_demo_pair(server):
 
 
 def test_embed_is_normalised_minilm(server):
-    r = server.post("/embed", json={"inputs": ["A man is playing a guitar.", "Someone plays guitar."]})
+    r = server.post(
+        "/embed", json={"inputs": ["A man is playing a guitar.", "Someone plays guitar."]}
+    )
     assert r.status_code == 200, r.text
     a, b = r.json()
     assert len(a) == 384

@@ -18,7 +18,28 @@ from training.config import BertConfig
 from training.model import BertForEmbedding
 from training.tokenizer import load_tokenizer
 
-WORDS = ["the", "a", "an", "is", "was", "good", "bad", "film", "movie", "great", "awful", "paris", "france", "who", "where", "what", "john", "smith", "lives", "in"]
+WORDS = [
+    "the",
+    "a",
+    "an",
+    "is",
+    "was",
+    "good",
+    "bad",
+    "film",
+    "movie",
+    "great",
+    "awful",
+    "paris",
+    "france",
+    "who",
+    "where",
+    "what",
+    "john",
+    "smith",
+    "lives",
+    "in",
+]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -30,7 +51,7 @@ def tiny_tokenizer(directory: Path) -> Tokenizer:
     return load_tokenizer(directory / "vocab.txt", lowercase=True)
 
 
-def tiny_config(vocab_size: int) -> BertConfig:
+def tiny_bert_config(vocab_size: int) -> BertConfig:
     # hidden 32, 2 layers, 4 heads, FFN 37: the shape transformers' own BERT tests use
     return BertConfig(
         vocab_size=vocab_size,
@@ -45,5 +66,5 @@ def tiny_config(vocab_size: int) -> BertConfig:
 def tiny_init(directory: Path, tokenizer: Tokenizer, seed: int = 0) -> Path:
     """An encoder checkpoint (sentence-transformers layout, mean pooling) to fine-tune from."""
     torch.manual_seed(seed)
-    model = BertForEmbedding(tiny_config(tokenizer.get_vocab_size(with_added_tokens=True)))
+    model = BertForEmbedding(tiny_bert_config(tokenizer.get_vocab_size(with_added_tokens=True)))
     return save_model(model, directory, tokenizer)

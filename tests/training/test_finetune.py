@@ -1,0 +1,305 @@
+"""Fine-tuning: the recipe's pieces, a tiny end-to-end run per task on real examples (the loss
+falls, metrics are computed, the best checkpoint reloads and exports), resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from service.package import read_package
+from tests.training.tiny import tiny_bert_config, tiny_init, tiny_tokenizer
+from training import evaluate
+from training import finetune as ft
+from training.checkpoint import load_model, load_state_dict_file, save_model
+from training.config import BertConfig
+from training.data.records import DataError
+from training.finetune import FinetuneArgs, finetune, get_lr, make_optimizer, parse_args
+from training.model import BertForEmbedding
+from training.plots import read_log
+from training.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    """A tiny encoder on a tiny vocabulary (no ../shared needed)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny_init(root / "init", tiny_tokenizer(root / "vocab"))
+
+
+@pytest.fixture(scope="module")
+def sentiment(tmp_path_factory):
+    rows = [("good film", 1), ("great movie", 1), ("bad film", 0), ("awful movie", 0)] * 4
+    path = tmp_path_factory.mktemp("data") / "train.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    return path
+
+
+# --- the recipe -------------------------------------------------------------------------
+
+
+def test_get_lr_warms_up_linearly_then_decays_to_zero():
+    lrs = [get_lr(s, max_lr=1.0, warmup_steps=4, total_steps=12) for s in range(12)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] == 1.0 and lrs[-1] == pytest.approx(1 / 8)
+    assert all(a > b for a, b in zip(lrs[4:], lrs[5:], strict=False))
+    assert get_lr(0, max_lr=1.0, warmup_steps=0, total_steps=10) == 1.0
+
+
+def test_no_weight_decay_on_biases_and_layernorm(init):
+    model = load_model(init, task="classification", labels=["0", "1"])
+    decay, no_decay = make_optimizer(model, 1e-4, 0.01, ft.Dist()).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(
+        names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"]
+    )
+    assert {names[id(p)].rsplit(".", 1)[-1] for p in no_decay["params"]} == {"bias", "weight"}
+    assert all(
+        "LayerNorm" in names[id(p)] for p in no_decay["params"] if names[id(p)].endswith("weight")
+    )
+
+
+def test_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    for option in (
+        "--epochs",
+        "--lr",
+        "--batch-size",
+        "--max-seq-length",
+        "--doc-stride",
+        "--warmup-ratio",
+        "--weight-decay",
+        "--seed",
+        "--max-steps",
+        "--eval-every",
+        "--precision",
+        "--export",
+        "--resume",
+    ):
+        assert option in text
+    assert "run_classifier.py" in text and "(default 5e-05)" in text
+
+
+def test_the_python_api_takes_a_namespace_or_a_dict(tmp_path):
+    args = ft._as_args(
+        {"task": "classification", "init": "i", "train": "t", "out": "o", "lr": 1e-4}
+    )
+    assert args == FinetuneArgs(task="classification", init="i", train="t", out="o", lr=1e-4)
+    with pytest.raises(TypeError, match="unknown fine-tuning arguments: learning_rate"):
+        ft._as_args({"learning_rate": 1})
+
+
+# --- end to end on real data ------------------------------------------------------------
+
+TASKS = {
+    # task: (train file, eval file, main metric, overrides). A tiny random encoder needs ~25
+    # steps before it starts to memorise SST-2 sentences; the other heads learn from step one.
+    "classification": ("sst2/dev.tsv", "sst2/dev.tsv", "accuracy", {"max_train_examples": 64}),
+    "token-classification": ("conll2003/eng.testa", "conll2003/eng.testb", "f1", {}),
+    "question-answering": (
+        "squad/dev-v1.1.json",
+        "squad/dev-v1.1.json",
+        "f1",
+        {"max_train_examples": 16, "max_seq_length": 96, "doc_stride": 32},
+    ),
+    "embedding": ("stsb/train.tsv", "stsb/dev.tsv", "spearman", {}),
+}
+CONLL_TAGS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+
+
+@pytest.fixture(scope="module")
+def bert_vocab_init(shared_data, tmp_path_factory):
+    """A tiny encoder with bert-base-uncased's vocabulary, for the real data."""
+    tok = load_tokenizer(shared_data / "vocab" / "bert-base-uncased" / "vocab.txt")
+    torch.manual_seed(0)
+    model = BertForEmbedding(tiny_bert_config(tok.get_vocab_size(with_added_tokens=True)))
+    return save_model(model, tmp_path_factory.mktemp("bert-vocab") / "init", tok)
+
+
+@pytest.mark.shared
+@pytest.mark.parametrize("task", TASKS)
+def test_tiny_end_to_end_run(task, shared_data, bert_vocab_init, tmp_path):
+    train, dev, metric, overrides = TASKS[task]
+    args = FinetuneArgs(
+        task=task,
+        init=str(bert_vocab_init),
+        train=str(shared_data / train),
+        eval=str(shared_data / dev),
+        out=str(tmp_path / "run"),
+        max_train_examples=32,
+        max_eval_examples=16,
+        batch_size=8,
+        epochs=4,
+        lr=5e-3,
+        warmup_ratio=0.0,
+        log_every=1,
+        max_seq_length=64,
+        export=True,
+    )
+    result = finetune(ft.dataclasses.replace(args, **overrides))
+
+    losses = [r["loss"] for r in read_log(result.out / "log.jsonl") if r["split"] == "train"]
+    assert sum(losses[-3:]) < sum(losses[:3])  # it learns (the 32 examples, at least)
+    summary = json.loads((result.out / "metrics.json").read_text())
+    assert summary["main_metric"] == metric and 0 <= summary["best"]["metrics"][metric] <= 100
+    assert (result.out / "curves.png").stat().st_size > 0
+
+    model = load_model(result.best_dir, task=task)
+    labels = {"classification": ["0", "1"], "token-classification": CONLL_TAGS}.get(task)
+    assert BertConfig.load(result.best_dir).labels == labels  # id2label in config.json
+    assert labels is None or model.num_labels == len(labels)
+    package = read_package(result.package_dir)
+    assert package.task == task
+    assert package.parity["fp32"]["max_abs_diff"]
+
+    # The exported package, run by ONNX Runtime through the service's task code, scores what
+    # the checkpoint scored.
+    scored = tmp_path / "package.json"
+    evaluate_args = ["--eval", args.eval, "--limit", "16", "--output", str(scored)]
+    if task == "question-answering":
+        evaluate_args += ["--doc-stride", "32", "--max-seq-length", "96"]
+    assert evaluate.main(["--package", str(result.package_dir), *evaluate_args]) == 0
+    from_package = json.loads(scored.read_text())[metric]
+    assert from_package == pytest.approx(summary["best"]["metrics"][metric], abs=1e-3)
+
+
+# --- resume and bad input (tiny vocabulary, no ../shared) -------------------------------
+
+
+def test_resume_after_interruption_repeats_the_uninterrupted_run(
+    init, sentiment, tmp_path, monkeypatch
+):
+    args = FinetuneArgs(
+        task="classification",
+        init=str(init),
+        train=str(sentiment),
+        eval=str(sentiment),
+        out=str(tmp_path / "straight"),
+        batch_size=4,
+        epochs=2,
+        lr=1e-3,
+        save_every=3,
+        log_every=1,
+    )
+    finetune(args)
+
+    calls = {"n": 0}
+    real_step = ft.train_step
+
+    def interrupted(*a, **kw):
+        calls["n"] += 1
+        # 4 steps per epoch; saves at steps 3, 4 (epoch end), 6: stop mid-epoch 2, after 6
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(ft, "train_step", interrupted)
+    again = ft.dataclasses.replace(args, out=str(tmp_path / "resumed"))
+    with pytest.raises(KeyboardInterrupt):
+        finetune(again)
+    monkeypatch.setattr(ft, "train_step", real_step)
+    finetune(ft.dataclasses.replace(again, resume=True))
+
+    straight = load_state_dict_file(tmp_path / "straight" / "last")
+    resumed = load_state_dict_file(tmp_path / "resumed" / "last")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    logs = [
+        [
+            (r["step"], r["loss"])
+            for r in read_log(tmp_path / d / "log.jsonl")
+            if r["split"] == "train"
+        ]
+        for d in ("straight", "resumed")
+    ]
+    assert logs[0] == logs[1]  # same batches, same dropout, same optimizer state
+
+
+def test_an_eval_label_unseen_in_training_is_an_error_that_names_it(init, sentiment, tmp_path):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngood film\t1\nso so\t2\n")
+    args = FinetuneArgs(
+        task="classification",
+        init=str(init),
+        train=str(sentiment),
+        eval=str(dev),
+        out=str(tmp_path / "o"),
+    )
+    with pytest.raises(DataError, match=rf"{dev}:3: label '2' was not seen in the training data"):
+        finetune(args)
+
+
+def test_the_command_line_reports_bad_input_without_a_traceback(init, sentiment, tmp_path, capsys):
+    code = ft.main(
+        [
+            "--task",
+            "question-answering",
+            "--init",
+            str(init),
+            "--train",
+            str(sentiment),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ddp_with_two_gloo_processes_on_cpu(init, sentiment, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "training.finetune",
+        "--task",
+        "classification",
+        "--init",
+        str(init),
+        "--train",
+        str(sentiment),
+        "--eval",
+        str(sentiment),
+        "--out",
+        str(out),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "2",
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "1",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["steps"] == 4  # 16 examples, 8 per step over both processes, 2 epochs
+    assert summary["hardware"].startswith("2 process")
+    assert load_model(out / "best", task="classification").num_labels == 2
+
+
+def test_the_log_survives_a_half_written_line_and_plots(tmp_path):
+    from training.plots import plot_curves, write_log_row
+
+    log = tmp_path / "log.jsonl"
+    for step in (1, 2, 3):
+        write_log_row(log, {"split": "train", "step": step, "loss": 1.0 / step, "lr": 1e-4 * step})
+    write_log_row(log, {"split": "eval", "step": 3, "accuracy": torch.tensor(81.5), "loss": 0.4})
+    with log.open("a") as f:
+        f.write('{"split": "train", "step": 4, "lo')  # killed mid-write
+    assert [r["step"] for r in read_log(log)] == [1, 2, 3, 3]
+    assert read_log(log)[-1]["accuracy"] == 81.5
+    assert plot_curves(log, tmp_path / "curves.png").stat().st_size > 0

@@ -1,0 +1,222 @@
+"""`python -m training.pretrain` end to end on a tiny model and a synthetic corpus: the loss
+falls, the checkpoint opens in transformers with the same outputs, a stopped run resumes onto
+the same loss curve, and bad input fails with a message naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.corpus_text import write_corpus
+from training.checkpoint import load_model
+from training.config import BertConfig
+from training.model import BertForPreTraining
+from training.plots import read_log
+from training.pretrain import build_parser, flops_per_token, get_lr, main, parse_duration, pretrain
+from training.tokenizer import save_tokenizer, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+# Hidden 64, 2 layers: a few milliseconds a step on a busy CPU.
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 64,
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # A tiny model on a shared CPU: a second intra-op thread only adds contention (10x slower
+    # under load), so these tests use one, as OMP_NUM_THREADS=1 would.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pretrain")
+    (root / "config.json").write_text(json.dumps(TINY))
+    train = write_corpus(root / "train.txt", documents=600, seed=0)
+    # Trained once and shared: WordPiece training is not deterministic from run to run.
+    save_tokenizer(train_tokenizer([train], vocab_size=200), root / "tokenizer")
+    return {
+        "train": train,
+        "eval": write_corpus(root / "eval.txt", documents=60, seed=1),
+        "config": root / "config.json",
+        "tokenizer": root / "tokenizer" / "tokenizer.json",
+        "cache": root / "cache",
+    }
+
+
+def args_for(data: dict[str, Path], out: Path, *extra: str):
+    argv = (
+        f"--corpus {data['train']} --tokenizer {data['tokenizer']} --config {data['config']} "
+        f"--max-seq-length 32 --batch-size 8 --cache-dir {data['cache']} --out {out} --no-progress"
+    ).split()
+    return build_parser().parse_args([*argv, *extra])
+
+
+def train_rows(out: Path) -> list[dict]:
+    return [r for r in read_log(out / "log.jsonl") if r["split"] == "train"]
+
+
+def test_a_tiny_run_learns_and_its_checkpoint_opens_in_transformers(data, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    extra = "--steps 200 --lr 2e-3 --warmup 10 --eval-every 200 --eval-batches 8 --log-every 20"
+    result = pretrain(args_for(data, out, *extra.split(), "--eval-corpus", str(data["eval"])))
+    evals = [r for r in read_log(out / "log.jsonl") if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 200]
+    before, after = evals[0], evals[-1]
+    assert after["mlm_loss"] < before["mlm_loss"] - 0.8  # 5.28 (ln 200) -> 4.07 measured
+    assert after["mlm_accuracy"] > before["mlm_accuracy"] + 0.1
+    assert {"nsp_accuracy", "mlm_accuracy"} <= set(result["eval"])
+    rows = train_rows(out)
+    assert rows[-1]["mlm_loss"] < rows[0]["mlm_loss"] - 0.5
+    assert rows[-1]["seq_per_s"] > 0 and rows[-1]["tokens_per_s"] > 0
+    assert (out / "loss.png").stat().st_size > 0
+
+    theirs, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ours = load_model(out, task="pretraining")
+    g = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, 200, (2, 20), generator=g)
+    token_type_ids = (torch.arange(20) >= 11).long().expand(2, 20)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 15:] = 0
+    with torch.no_grad():
+        a = ours(input_ids, attention_mask, token_type_ids)
+        b = theirs.eval()(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        )
+    torch.testing.assert_close(a.prediction_logits, b.prediction_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        a.seq_relationship_logits, b.seq_relationship_logits, atol=1e-5, rtol=0
+    )
+
+
+def test_stopping_and_resuming_gives_the_same_loss_curve(data, tmp_path):
+    common = ("--steps", "16", "--lr", "2e-3", "--warmup", "4", "--log-every", "1")
+    pretrain(args_for(data, tmp_path / "straight", *common))
+    pretrain(args_for(data, tmp_path / "split", *common, "--stop-at", "7"))
+    assert [r["step"] for r in train_rows(tmp_path / "split")] == list(range(1, 8))
+    pretrain(args_for(data, tmp_path / "split", *common, "--resume"))
+
+    keys = ("step", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm")
+    straight = [[r[k] for k in keys] for r in train_rows(tmp_path / "straight")]
+    split = [[r[k] for k in keys] for r in train_rows(tmp_path / "split")]
+    assert len(straight) == 16 and split == straight  # exactly, float for float
+    a = load_model(tmp_path / "straight", "pretraining").state_dict()
+    b = load_model(tmp_path / "split", "pretraining").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("objective, second_loss", [("mlm+sop", "sop_loss"), ("mlm", None)])
+def test_the_other_objectives_train(data, tmp_path, objective, second_loss):
+    out = tmp_path / objective
+    extra = f"--objective {objective} --steps 3 --eval-batches 2 --whole-word-masking"
+    result = pretrain(args_for(data, out, *extra.split(), "--eval-corpus", str(data["eval"])))
+    row = result["train"]
+    assert ("nsp_loss" not in row) and (second_loss is None or second_loss in row)
+    assert ("sop_accuracy" in result["eval"]) == (objective == "mlm+sop")
+    assert load_model(out, "pretraining") is not None
+
+
+def test_a_time_budget_stops_the_run_and_decays_the_rate(data, tmp_path):
+    result = pretrain(args_for(data, tmp_path / "timed", "--time-budget", "1.5s", "--warmup", "1"))
+    assert result["step"] > 1
+    assert result["train"]["lr"] < 1e-4 * 0.5  # most of the budget spent: mostly decayed
+
+
+def test_bad_input_fails_with_a_message_naming_the_file(data, tmp_path, capsys):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    argv = f"--tokenizer train:100 --steps 1 --out {tmp_path / 'o'} --no-progress".split()
+    assert main(["--corpus", str(data["train"]), str(binary), *argv]) == 2
+    assert f"error: {binary}: looks binary" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert main(["--corpus", str(empty), *argv, "--cache-dir", str(tmp_path / "c")]) == 2
+    assert "empty corpus" in capsys.readouterr().err
+
+
+def test_an_existing_run_is_not_overwritten_without_resume(data, tmp_path):
+    pretrain(args_for(data, tmp_path / "run", "--steps", "1"))
+    with pytest.raises(SystemExit, match="holds a run already"):
+        pretrain(args_for(data, tmp_path / "run", "--steps", "1"))
+
+
+def test_help_teaches_with_commands(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    text = build_parser().format_help()
+    assert "python -m training.pretrain --corpus" in text
+    assert "torchrun --nproc_per_node" in text
+    for flag in (
+        "--objective",
+        "--whole-word-masking",
+        "--time-budget",
+        "--grad-accum",
+        "--resume",
+    ):
+        assert flag in text
+
+
+# --- the pieces -------------------------------------------------------------------------
+
+
+def test_learning_rate_warms_up_then_decays_linearly_to_zero():
+    lrs = [get_lr(step, step / 100, lr=1.0, warmup=10) for step in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[10] == pytest.approx(0.9) and lrs[55] == pytest.approx(0.45)
+    assert lrs[100] == 0.0
+
+
+def test_flops_per_token_counts_the_model_weights_a_token_passes_through():
+    config = BertConfig.preset("tiny", vocab_size=1000)
+    model = BertForPreTraining(config)
+    encoder = sum(
+        m.weight.numel() for m in model.bert.encoder.modules() if isinstance(m, torch.nn.Linear)
+    )
+    head = (
+        model.cls.predictions.transform.dense.weight.numel()
+        + model.cls.predictions.decoder.weight.numel()
+    )
+    L, H = config.num_hidden_layers, config.hidden_size
+    expected = 6 * encoder + 6 * 0.15 * head + 12 * L * H * 128
+    assert flops_per_token(config, 128, 0.15) == pytest.approx(expected)
+
+
+def test_durations():
+    durations = [parse_duration(t) for t in ("90", "90s", "30m", "2h", "1h30m", "1.5s")]
+    assert durations == [90, 90, 1800, 7200, 5400, 1.5]
+    with pytest.raises(Exception, match="not a duration"):
+        parse_duration("soon")
+
+
+@pytest.mark.slow
+def test_two_processes_with_torchrun_on_cpu(data, tmp_path):
+    """DDP over gloo: both ranks train, rank 0 writes one checkpoint."""
+    out = tmp_path / "ddp"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    args = (
+        f"--corpus {data['train']} --tokenizer {data['tokenizer']} --config {data['config']} "
+        f"--max-seq-length 32 --batch-size 4 --grad-accum 2 --steps 4 --log-every 1 "
+        f"--cache-dir {tmp_path / 'cache'} --out {out} --no-progress"
+    )
+    cmd = [*torchrun, "-m", "training.pretrain", *args.split()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=300)
+    rows = train_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert json.loads((out / "pretrain_args.json").read_text())["grad_accum"] == 2
+    assert load_model(out, "pretraining") is not None
