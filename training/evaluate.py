@@ -31,9 +31,10 @@ from tokenizers import Tokenizer
 from torch import nn
 from tqdm.auto import tqdm
 
+from service.batcher import pad as pad_sequences
 from service.tasks import Outputs, Sequence, qa
 from service.tasks._text import encode_texts
-from training.data.batch import IGNORE, pad_sequences
+from training.data.batch import IGNORE
 from training.data.classification import encode_classification, read_classification
 from training.data.pairs import ScoredPair, TextPair, read_pairs
 from training.data.records import DataError

@@ -75,6 +75,7 @@ from training.evaluate import (
     torch_runner,
 )
 from training.model import contrastive_loss
+from training.optim import adamw
 from training.plots import plot_curves, read_log, write_log_row
 from training.tokenizer import TokenizerError, load_tokenizer
 
@@ -248,26 +249,15 @@ def get_lr(step: int, max_lr: float, warmup_steps: int, total_steps: int) -> flo
 
 
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float, d: Dist) -> torch.optim.AdamW:
-    # Weight decay is a pull toward zero that suits matrices (embeddings, projections). Biases
-    # and LayerNorm gains / shifts (the tensors with dim < 2) are offsets and scales: decaying
-    # a LayerNorm gain toward 0 shrinks the normalised signal itself. BERT excluded "bias" and
-    # "LayerNorm" by name; dim < 2 picks the same tensors without relying on names (nanoGPT).
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    fused = d.device.type == "cuda"  # one kernel for all tensors: faster on GPUs only
+    optimizer = adamw(model, lr, weight_decay, fused=d.device.type == "cuda")
+    decay, no_decay = (g["params"] for g in optimizer.param_groups)
     log(
         f"AdamW: {len(decay)} tensors ({sum(p.numel() for p in decay):,} weights) with weight "
         f"decay {weight_decay}, {len(no_decay)} ({sum(p.numel() for p in no_decay):,}) without; "
-        f"fused {fused}",
+        f"fused {d.device.type == 'cuda'}",
         d,
     )
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    # betas and eps as BERT's AdamWeightDecayOptimizer (eps 1e-6, not PyTorch's 1e-8).
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
+    return optimizer
 
 
 def compute_loss(model: nn.Module, task: str, batch: dict[str, Tensor]) -> Tensor:

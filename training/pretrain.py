@@ -68,6 +68,7 @@ from training.data.pretraining import (
     PretrainingStream,
 )
 from training.model import BertForPreTraining
+from training.optim import adamw
 from training.plots import plot_curves, read_log, write_log_row
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -331,20 +332,6 @@ def get_lr(step: int, progress: float, lr: float, warmup: int) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
     return lr * max(0.0, 1.0 - progress)
-
-
-def configure_optimizer(
-    model: nn.Module, lr: float, weight_decay: float, fused: bool
-) -> torch.optim.AdamW:
-    """AdamW; matrices and embeddings decay, biases and LayerNorm weights (every 1-d tensor) do
-    not: shrinking a bias or a LayerNorm gain towards 0 does not regularise, it only distorts."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    # eps 1e-6 and betas (0.9, 0.999): BERT's AdamWeightDecayOptimizer.
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
 
 
 def flops_per_token(config: BertConfig, seq_len: int, mlm_probability: float) -> float:
@@ -731,7 +718,7 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         for module in (model.bert.pooler, model.cls.seq_relationship):
             module.requires_grad_(False)
     cuda = run.device.type == "cuda"
-    optimizer = configure_optimizer(model, args.lr, args.weight_decay, fused=cuda)
+    optimizer = adamw(model, args.lr, args.weight_decay, fused=cuda)
     step, elapsed = 0, 0.0
     if args.resume:
         step, elapsed = load_checkpoint(args, run, model, optimizer, stream)

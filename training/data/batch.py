@@ -15,28 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service.tasks import Sequence
+from service.batcher import pad as pad_sequences  # the service's padding: one definition
 
 IGNORE = -100
-
-
-def pad_sequences(sequences: list[Sequence], pad_id: int = 0) -> dict[str, np.ndarray]:
-    """input_ids, attention_mask, token_type_ids, each (B, T) int64, T the longest row (numpy:
-    the same feeds go to PyTorch and to ONNX Runtime)."""
-    T = max(len(s) for s in sequences)
-    input_ids = np.full((len(sequences), T), pad_id, dtype=np.int64)
-    token_type_ids = np.zeros((len(sequences), T), dtype=np.int64)
-    attention_mask = np.zeros((len(sequences), T), dtype=np.int64)
-    for i, s in enumerate(sequences):
-        n = len(s)
-        input_ids[i, :n] = s.input_ids
-        token_type_ids[i, :n] = s.token_type_ids
-        attention_mask[i, :n] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": token_type_ids,
-    }
 
 
 def collate(rows: list[dict], pad_id: int = 0) -> dict[str, Tensor]:
