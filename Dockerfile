@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # bert-heads service image: the service only (no torch, no training code), non-root.
 #   docker build -t bert-heads:local .                      # CPU (default target: runtime)
 #   docker build --build-arg ORT_EXTRA=gpu --target gpu -t bert-heads:local-gpu .

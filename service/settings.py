@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None,
         description="When set, every route except /health and /ready needs "
-        "'Authorization: Bearer <key>'; unset = open (put it behind a trusted network).",
+        "'Authorization: Bearer <key>'; unset or empty = open (put it behind a trusted network).",
     )
     protect_metrics: bool = Field(
         default=False,
@@ -138,6 +138,15 @@ class Settings(BaseSettings):
     log_level: LogLevel = Field(
         default="info", description="Log verbosity; debug logs every batch (noisy under load)."
     )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_no_key(cls, value: object) -> object:
+        # Compose and Kubernetes pass an unset variable as "": that must not become a key
+        # nobody can send (every request would get 401).
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return value
 
     @field_validator("cors_origins", mode="before")
     @classmethod
