@@ -10,9 +10,11 @@ environment variables; a flag wins over its BERT_HEADS_* variable.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import math
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Literal, get_args, get_origin
@@ -24,6 +26,7 @@ from service.app import create_app
 from service.registry import Registry
 from service.settings import Settings
 
+SETTLE_SECONDS = 0.1  # at shutdown, for requests on connections already accepted to arrive
 METAVARS = {"payload_limit": "BYTES", "max_wait_ms": "MS", "cors_origins": "ORIGINS"}
 METAVARS |= {name: "SECONDS" for name in ("request_timeout", "drain_timeout")}
 
@@ -70,7 +73,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 
 class _Server(uvicorn.Server):
-    """Turns /ready to 503 the moment SIGTERM arrives, while uvicorn drains connections."""
+    """Turns /ready to 503 the moment SIGTERM arrives, while uvicorn drains connections, and
+    answers the requests already on accepted connections before it closes the idle ones."""
 
     def __init__(self, config: uvicorn.Config, registry: Registry) -> None:
         super().__init__(config)
@@ -80,6 +84,16 @@ class _Server(uvicorn.Server):
         if sig in (signal.SIGINT, signal.SIGTERM):
             self.registry.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn closes every connection without a request in progress at once, also one whose
+        # request is already on its way (accepted, not yet parsed): that request would be lost.
+        # Stop accepting first and give those a moment to arrive; they are answered (503 while
+        # draining) like any other.
+        for server in self.servers:
+            server.close()
+        await asyncio.sleep(SETTLE_SECONDS)
+        await super().shutdown(sockets)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 PREFIX = "bert_heads"
 STAGES = ("tokenization", "queue_wait", "inference", "postprocess")
 DROP_REASONS = ("client_gone", "deadline")
-# One per ServiceError.error_type, plus what the app adds (see service.app).
+# One per ServiceError.error_type, plus what service.http adds for HTTP-level errors.
 FAILURE_REASONS = (
     "validation",
     "payload_too_large",
@@ -28,6 +28,8 @@ FAILURE_REASONS = (
     "timeout",
     "client_gone",
     "not_found",
+    "bad_request",
+    "method_not_allowed",
     "internal",
 )
 ENDPOINTS_BY_TASK = {

@@ -41,11 +41,22 @@ class Backend(Protocol):
 class OrtBackend:
     """One `onnxruntime.InferenceSession`. Safe to call from a worker thread."""
 
-    def __init__(self, model_path: Path, providers: list[str], intra_op_threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        providers: list[str],
+        intra_op_threads: int = 0,
+        spinning: bool = False,
+    ) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
             options.intra_op_num_threads = intra_op_threads
+        # ORT's default (spinning on) keeps its pool threads busy-waiting between parallel
+        # sections and between batches, on cores the event loop needs (see Settings).
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if spinning else "0"
+        )
         self.session = ort.InferenceSession(
             str(model_path), sess_options=options, providers=providers
         )
@@ -104,7 +115,8 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
         raise RuntimeError("device=cuda but this onnxruntime build has no CUDAExecutionProvider")
     providers = [CUDA, CPU] if try_cuda else [CPU]
     variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
-    backend = OrtBackend(package.variant_path(variant), providers, settings.intra_op_threads)
+    threads, spinning = settings.intra_op_threads, settings.intra_op_spinning
+    backend = OrtBackend(package.variant_path(variant), providers, threads, spinning)
     if try_cuda and backend.provider != "cuda":
         if settings.device == "cuda":
             raise RuntimeError("device=cuda but the CUDA provider failed to start (see ORT log)")
@@ -112,7 +124,7 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
         cpu_variant = choose_variant(package, settings.variant, "cpu")
         if cpu_variant != variant:
             variant = cpu_variant
-            backend = OrtBackend(package.variant_path(variant), [CPU], settings.intra_op_threads)
+            backend = OrtBackend(package.variant_path(variant), [CPU], threads, spinning)
     if backend.provider == "cpu" and variant == "fp16":
         log.warning("%s: fp16 on CPU is usually slower than fp32", package.name)
     log.info("%s: %s variant on %s", package.name, variant, backend.provider)

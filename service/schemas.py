@@ -28,6 +28,7 @@ from pydantic import (
     WrapValidator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 
@@ -92,8 +93,11 @@ def _texts(allow_pairs: bool) -> WrapValidator:
 MAX_TOKENS = 100_000
 
 Text = Annotated[str, AfterValidator(_check_unicode)]
-Texts = Annotated[str | list[str], _texts(allow_pairs=False)]
-TextsOrPairs = Annotated[str | list[str | tuple[str, str]], _texts(allow_pairs=True)]
+# min_length only documents the rule in the OpenAPI schema; _texts enforces it (with its message).
+Texts = Annotated[str | Annotated[list[str], Field(min_length=1)], _texts(allow_pairs=False)]
+TextsOrPairs = Annotated[
+    str | Annotated[list[str | tuple[str, str]], Field(min_length=1)], _texts(allow_pairs=True)
+]
 ModelName = Annotated[
     str | None,
     Field(description="Which loaded package to use; optional when only one serves the task."),
@@ -101,7 +105,9 @@ ModelName = Annotated[
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not a default
+    # extra="forbid": a misspelt option is an error, not a default. strict: JSON types as the
+    # schema says (no "3" for 3, no 0 for false), so a client's type mistake is not guessed at.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -142,11 +148,37 @@ class QaInput(_Request):
     context: Text
 
 
+_STRING: JsonDict = {"type": "string"}
+_NULL: JsonDict = {"type": "null"}
+# The two forms, for the OpenAPI schema (the validators below enforce them): a generated client
+# or fuzzer then knows that {} or both forms at once are not a request.
+_QA_FORMS: JsonDict = {
+    "oneOf": [
+        {
+            "required": ["question", "context"],
+            "properties": {"question": _STRING, "context": _STRING, "inputs": _NULL},
+        },
+        {
+            "required": ["inputs"],
+            "properties": {
+                "inputs": {"type": "array", "minItems": 1},
+                "question": _NULL,
+                "context": _NULL,
+            },
+        },
+    ]
+}
+
+
 class QaRequest(_Request):
+    model_config = ConfigDict(json_schema_extra=_QA_FORMS)
+
     question: Text | None = None
     context: Text | None = None
     inputs: list[QaInput] | None = Field(
-        default=None, description="Instead of question/context: a list of them."
+        default=None,
+        description="Instead of question/context: a list of them (or one {question, context} "
+        "object, the Hugging Face Inference API form, answered like question/context).",
     )
     top_k: int = Field(
         default=1, ge=1, le=100, description="Answers per input; > 1 answers a list."
@@ -205,7 +237,8 @@ class EmbedRequest(_Request):
 
 
 class OpenAIEmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we have no use for
+    # OpenAI clients send fields we have no use for
+    model_config = ConfigDict(extra="ignore", strict=True)
     input: Texts
     model: ModelName = None
     encoding_format: Literal["float", "base64"] = "float"
@@ -292,6 +325,13 @@ class ModelInfo(BaseModel):
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     limits: Limits
+
+
+class Health(BaseModel):
+    status: Literal["alive", "dead"]
+    models: list[str] | None = Field(
+        default=None, description="When dead: the models whose batch worker has ended."
+    )
 
 
 class Readiness(BaseModel):

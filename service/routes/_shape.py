@@ -14,6 +14,7 @@ T = TypeVar("T")
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": Error, "description": what}
     for status, what in {
+        400: "the body is not UTF-8 (or not JSON the server can parse)",
         401: "missing or wrong API key",
         404: "no such model",
         413: "body, input count or text length over the limits",

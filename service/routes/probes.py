@@ -7,12 +7,12 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from service.routes.deps import RegistryDep
-from service.schemas import Readiness
+from service.schemas import Health, Readiness
 
 router = APIRouter(tags=["probes"])
 
 
-@router.get("/health")
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
 async def health(registry: RegistryDep) -> JSONResponse:
     """200 while the process can serve; 503 when a model's batch worker has died (restart me)."""
     dead = [e.name for e in registry.entries if e.model is not None and not e.model.batcher.alive]

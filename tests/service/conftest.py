@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI
 
 from service.app import create_app
 from service.package import write_package
+from service.runtime import Backend
 from service.settings import Settings
 
 TASKS = ("classification", "token-classification", "question-answering", "embedding")
@@ -63,7 +66,7 @@ def make_package(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
     return make
 
 
-def _all_tasks(folder: Path, make_package: Callable[..., Path]) -> Path:
+def all_tasks(folder: Path, make_package: Callable[..., Path]) -> Path:
     folder.mkdir()
     for task in TASKS:
         make_package(folder, task)
@@ -73,7 +76,7 @@ def _all_tasks(folder: Path, make_package: Callable[..., Path]) -> Path:
 @pytest.fixture
 def model_dir(tmp_path: Path, make_package: Callable[..., Path]) -> Path:
     """A model_dir with one package per task."""
-    return _all_tasks(tmp_path / "models", make_package)
+    return all_tasks(tmp_path / "models", make_package)
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +123,7 @@ async def shared(
     tmp_path_factory: pytest.TempPathFactory, make_package: Callable[..., Path]
 ) -> AsyncIterator[Service]:
     """One service for a whole module, for tests that only read answers (not metrics)."""
-    models = _all_tasks(tmp_path_factory.mktemp("shared") / "models", make_package)
+    models = all_tasks(tmp_path_factory.mktemp("shared") / "models", make_package)
     async with serve(Settings(model_dir=models)) as s:
         yield s
 
@@ -176,3 +179,55 @@ def live(model_dir: Path) -> Iterator[Callable[..., LiveServer]]:
     for server in servers:
         if server.thread.is_alive():
             server.stop()
+
+
+# -- a model's backend under the test's control ------------------------------------------------
+
+
+class Gated:
+    """Wraps a model's backend: records every forward pass, can hold them until released, make
+    them slower, or make ONNX Runtime fail on some."""
+
+    def __init__(self, inner: Backend, hold: bool = False, delay: float = 0.0) -> None:
+        self.inner = inner
+        self.provider = inner.provider
+        self.delay = delay  # seconds added to each forward pass: a heavier model
+        self.calls = 0
+        self.rows: list[int] = []  # rows per forward pass
+        self.lengths: list[list[int]] = []  # per forward pass: each row's real length, sorted
+        self.poison: set[int] = set()  # these passes (1-based) get ids outside the vocabulary,
+        # so ONNX Runtime itself fails on them
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        if not hold:
+            self.gate.set()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        call = self.calls
+        self.rows.append(len(feeds["input_ids"]))
+        self.lengths.append(sorted(int(n) for n in feeds["attention_mask"].sum(axis=1)))
+        self.entered.set()
+        self.gate.wait(20)
+        if self.delay:
+            time.sleep(self.delay)
+        if call in self.poison:
+            feeds = {**feeds, "input_ids": np.full_like(feeds["input_ids"], 10**9)}
+        return self.inner.run(feeds)
+
+
+def gate(app: Any, name: str = "sst2", hold: bool = False, delay: float = 0.0) -> Gated:
+    """Put a Gated around the backend of the loaded model `name` of `app`."""
+    model = next(e.model for e in app.state.registry.entries if e.name == name)
+    wrapped = Gated(model.backend, hold, delay)
+    model.batcher.backend = wrapped
+    return wrapped
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of the Prometheus text `text`."""
+    for line in text.splitlines():
+        m = re.match(r"^(\w+)\{(.*)\} (\S+)$", line)
+        if m and m.group(1) == name and dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))) == labels:
+            return float(m.group(3))
+    raise KeyError(f"{name}{labels}")

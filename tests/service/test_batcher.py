@@ -85,6 +85,14 @@ def test_grow_batch_takes_shorter_rows_first_and_respects_budgets() -> None:
     assert grow_batch(lengths, seed=4, max_tokens=5, max_size=10) == (4, 5)  # alone, over budget
 
 
+def test_grow_batch_with_a_pad_limit_keeps_padding_per_row_under_it() -> None:
+    lengths = [5, 6, 7, 20, 21, 40]
+    assert grow_batch(lengths, seed=1, max_tokens=1000, max_size=10, pad_limit=8) == (0, 3)
+    assert grow_batch(lengths, seed=3, max_tokens=1000, max_size=10, pad_limit=8) == (3, 5)
+    assert grow_batch(lengths, seed=5, max_tokens=1000, max_size=10, pad_limit=8) == (5, 6)
+    assert grow_batch(lengths, seed=1, max_tokens=1000, max_size=10) == (0, 6)  # GPU: no limit
+
+
 def test_pad_masks_and_pads_with_zeros() -> None:
     feeds = pad([seq(3, 5), Sequence(np.array([7], dtype=np.int64), np.array([1], dtype=np.int64))])
     assert feeds["input_ids"].tolist() == [[5, 6, 7], [7, 0, 0]]

@@ -8,9 +8,6 @@ on a loopback port; the rest goes through the ASGI app with its lifespan running
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -25,51 +22,9 @@ from service import registry as registry_module
 from service.app import create_app
 from service.runtime import Backend
 from service.settings import Settings
-from tests.service.conftest import TASKS, Service, serve
+from tests.service.conftest import TASKS, Service, gate, metric, serve
 
 pytestmark = pytest.mark.anyio
-
-
-class Gated:
-    """Wraps a model's backend: counts forward passes, can hold them until released, and
-    can fail the next ones."""
-
-    def __init__(self, inner: Backend, hold: bool = False) -> None:
-        self.inner = inner
-        self.provider = inner.provider
-        self.calls = 0
-        self.rows: list[int] = []
-        self.fail_next = 0
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-        if not hold:
-            self.gate.set()
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.calls += 1
-        self.rows.append(len(feeds["input_ids"]))
-        self.entered.set()
-        self.gate.wait(20)
-        if self.fail_next:
-            self.fail_next -= 1
-            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : simulated")
-        return self.inner.run(feeds)
-
-
-def gate(app: Any, name: str = "sst2", hold: bool = False) -> Gated:
-    model = next(e.model for e in app.state.registry.entries if e.name == name)
-    wrapped = Gated(model.backend, hold)
-    model.batcher.backend = wrapped
-    return wrapped
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample of the Prometheus text `text`."""
-    for line in text.splitlines():
-        m = re.match(r"^(\w+)\{(.*)\} (\S+)$", line)
-        if m and m.group(1) == name and dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))) == labels:
-            return float(m.group(3))
-    raise KeyError(f"{name}{labels}")
 
 
 SENTENCES = [" ".join(["the cat sat on the mat"] * (1 + i % 7)) + f" {i}" for i in range(64)]
@@ -140,29 +95,6 @@ async def test_admission_control_answers_429_with_retry_after(model_dir: Path) -
         )
 
 
-async def test_a_backend_failure_fails_that_batch_only(service: Service) -> None:
-    backend = gate(service.app)
-    backend.fail_next = 1
-    failed = await service.client.post("/classify", json={"inputs": "a good film"})
-    assert failed.status_code == 503
-    assert failed.json()["error_type"] == "backend"
-    assert (
-        await service.client.post("/classify", json={"inputs": "a good film"})
-    ).status_code == 200
-    text = await service.metrics()
-    assert (
-        metric(
-            text,
-            "bert_heads_request_failures_total",
-            model="sst2",
-            task="classification",
-            reason="backend",
-        )
-        == 1
-    )
-    assert (await service.client.get("/health")).status_code == 200
-
-
 async def test_request_timeout_answers_503_timeout(model_dir: Path) -> None:
     async with serve(Settings(model_dir=model_dir, request_timeout=0.2)) as s:
         backend = gate(s.app, hold=True)
@@ -207,21 +139,6 @@ async def test_ready_is_503_until_warm_up_ends(
         await asyncio.wait_for(s.registry.loaded.wait(), 20)
         r = await s.client.get("/ready")
         assert r.status_code == 200 and set(r.json()["models"].values()) == {"ready"}
-
-
-async def test_a_broken_package_fails_alone(model_dir: Path) -> None:
-    (model_dir / "squad" / "model.onnx").write_bytes(b"not a model")
-    async with serve(Settings(model_dir=model_dir)) as s:
-        ready = await s.client.get("/ready")
-        assert ready.status_code == 503 and ready.json()["status"] == "degraded"
-        assert "sha256" in ready.json()["models"]["squad"]
-        models = {m["name"]: m for m in (await s.client.get("/models")).json()["models"]}
-        assert models["squad"]["state"] == "failed" and "model.onnx" in models["squad"]["error"]
-        assert (await s.client.post("/classify", json={"inputs": "a"})).status_code == 200
-        qa = await s.client.post("/qa", json={"question": "who?", "context": "john"})
-        assert qa.status_code == 404 and qa.json()["error_type"] == "model_not_found"
-    async with serve(Settings(model_dir=model_dir, allow_partial=True)) as s:
-        assert (await s.client.get("/ready")).status_code == 200
 
 
 async def test_an_empty_model_dir_is_never_ready(tmp_path: Path) -> None:
@@ -273,7 +190,8 @@ async def test_metrics_exist_at_zero_and_count_requests_stages_and_batches(
     for stage in ("tokenization", "queue_wait", "postprocess"):
         assert metric(text, "bert_heads_stage_duration_seconds_count", stage=stage, **labels) == 1
     assert metric(text, "bert_heads_stage_duration_seconds_count", stage="inference", **labels) >= 1
-    assert metric(text, "bert_heads_batch_tokens_sum", **labels) >= 2 * 64
+    # [CLS] a [SEP] and the long text cut to 64: on CPU "a" is not padded to 64 (CPU_PAD_LIMIT)
+    assert metric(text, "bert_heads_batch_tokens_sum", **labels) >= 3 + 64
     assert metric(text, "bert_heads_inputs_truncated_total", **labels) == 1
     assert metric(text, "bert_heads_model_info", variant="fp32", provider="cpu", **labels) == 1
 
@@ -304,46 +222,6 @@ async def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(model_dir
 # -- a real server -------------------------------------------------------------------------------
 
 
-def test_a_client_that_disconnects_is_dropped_before_inference(live: Any) -> None:
-    server = live()
-    backend = gate(server.app, hold=True)
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        first = threading.Thread(
-            target=client.post, args=("/classify",), kwargs={"json": {"inputs": "a"}}
-        )
-        first.start()
-        assert backend.entered.wait(5)
-        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
-            httpx.post(server.url + "/classify", json={"inputs": ["b", "c"]}, timeout=0.3)
-        deadline = time.monotonic() + 5
-        text = ""
-        while time.monotonic() < deadline:
-            text = client.get("/metrics").text
-            if metric(
-                text,
-                "bert_heads_dropped_requests_total",
-                model="sst2",
-                task="classification",
-                reason="client_gone",
-            ):
-                break
-            time.sleep(0.02)
-        assert (
-            metric(
-                text,
-                "bert_heads_dropped_requests_total",
-                model="sst2",
-                task="classification",
-                reason="client_gone",
-            )
-            == 1
-        )
-        backend.gate.set()
-        first.join(10)
-        assert client.post("/classify", json={"inputs": "d"}).status_code == 200
-        assert backend.rows == [1, 1], "the abandoned rows never reached the model"
-
-
 def test_uvicorn_shutdown_lets_the_request_in_flight_finish(live: Any) -> None:
     server = live(drain_timeout=10)
     backend = gate(server.app, hold=True)
@@ -366,32 +244,3 @@ def test_uvicorn_shutdown_lets_the_request_in_flight_finish(live: Any) -> None:
     caller.join(10)
     stopper.join(10)
     assert result == {"status": 200}
-
-
-def test_payload_limit_on_a_real_socket(live: Any) -> None:
-    server = live(payload_limit=1000)
-    host, port = server.url.removeprefix("http://").split(":")
-
-    def exchange(head: bytes, body: bytes) -> bytes:
-        with socket.create_connection((host, int(port)), timeout=5) as sock:
-            sock.sendall(head + body)
-            data = b""
-            with contextlib.suppress(ConnectionResetError, TimeoutError):
-                while chunk := sock.recv(65536):
-                    data += chunk
-            return data
-
-    declared = exchange(
-        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 10000000\r\n\r\n",
-        b'{"inputs": "' + b"a" * 100,
-    )
-    assert declared.startswith(b"HTTP/1.1 413") and b"payload_too_large" in declared
-    chunk = b"a" * 600
-    streamed = exchange(
-        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n",
-        (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 2,
-    )
-    assert streamed.startswith(b"HTTP/1.1 413")
-    assert httpx.post(server.url + "/classify", json={"inputs": "a"}).status_code == 200

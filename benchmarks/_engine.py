@@ -1,0 +1,111 @@
+"""The engine's ceiling: the raw ONNX Runtime session in-process on already-tokenized rows,
+opened exactly as the service opens it (`service.runtime.OrtBackend`: same graph optimisation
+level, same intra-op threads and spinning, same provider), fed with the padding the service's
+batcher builds (`service.batcher.pad`), in the dtypes the graph takes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.batcher import pad
+from service.runtime import CPU, OrtBackend
+from service.tasks import Sequence
+
+
+def open_session(model_path: Path, threads: int, spinning: bool) -> OrtBackend:
+    return OrtBackend(model_path, [CPU], threads, spinning)
+
+
+def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray]:
+    """Padded (B, T) feeds in the session's input names and dtypes (built before timing)."""
+    padded = pad(rows)
+    return {
+        i.name: padded[i.name].astype(np.int32 if i.type == "tensor(int32)" else np.int64)
+        for i in backend.session.get_inputs()
+    }
+
+
+def _batches(rows: list[Sequence], size: int, order: str) -> list[list[Sequence]]:
+    if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of
+        rows = sorted(rows, key=len)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+MIN_BATCHES = 4  # a measurement runs at least this many batches, whatever the budget
+
+
+def spread(n: int) -> list[int]:
+    """0..n-1 in van der Corput order (0, n/2, n/4, 3n/4, ...): every prefix samples the
+    whole range, so a time-bounded pass over length-sorted batches sees short and long ones."""
+
+    def radical_inverse(i: int) -> float:
+        x, f = 0.0, 0.5
+        while i:
+            x, i, f = x + f * (i & 1), i >> 1, f / 2
+        return x
+
+    return sorted(range(n), key=lambda i: radical_inverse(i))
+
+
+def throughput(
+    backend: OrtBackend, rows: list[Sequence], size: int, order: str, budget: float
+) -> dict[str, Any]:
+    """Rows/s of back-to-back session.run calls over `rows` cut into batches of `size`
+    (in arrival order, or sorted by length), for about `budget` seconds and at least
+    MIN_BATCHES batches. Sorted batches are visited in `spread` order, so that a short budget
+    measures short and long rows alike."""
+    batches = _batches(rows, size, order)
+    if order == "sorted":
+        batches = [batches[i] for i in spread(len(batches))]
+    prepared = [feeds_for(backend, b) for b in batches]
+    least = min(MIN_BATCHES, len(prepared))
+    session = backend.session
+    session.run(None, prepared[0])  # first run of a new shape allocates
+    done_rows = done_tokens = padded_tokens = n = 0
+    start = time.perf_counter()
+    while True:
+        feeds = prepared[n % len(prepared)]
+        session.run(None, feeds)
+        b, t = feeds["input_ids"].shape
+        done_rows += b
+        padded_tokens += b * t
+        done_tokens += int(feeds["attention_mask"].sum())
+        n += 1
+        elapsed = time.perf_counter() - start
+        if (elapsed >= budget and n >= least) or n >= 10 * len(prepared):
+            break
+    return {
+        "batch_size": size,
+        "order": order,
+        "batches": n,
+        "sequences_per_s": round(done_rows / elapsed, 2),
+        "tokens_per_s": round(done_tokens / elapsed, 1),
+        "padding_efficiency": round(done_tokens / padded_tokens, 3),
+        "ms_per_batch": round(1000 * elapsed / n, 3),
+    }
+
+
+def request_latency(
+    backend: OrtBackend, requests: list[list[Sequence]], budget: float
+) -> dict[str, float]:
+    """Milliseconds of one session.run over one request's rows (batch 1 for a single text;
+    a long QA context's windows together, as the idle service runs them), request after
+    request, for about `budget` seconds."""
+    from benchmarks._load import percentiles
+
+    prepared = [feeds_for(backend, rows) for rows in requests]
+    session = backend.session
+    session.run(None, prepared[0])
+    times = []
+    start = time.perf_counter()
+    for feeds in prepared:
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append((time.perf_counter() - t0) * 1000)
+        if time.perf_counter() - start >= budget and len(times) >= 20:
+            break
+    return percentiles(times) | {"requests": len(times)}

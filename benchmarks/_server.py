@@ -1,0 +1,132 @@
+"""The real server as a subprocess (`python -m service`) on 127.0.0.1, serving one package,
+and what it says about itself at /metrics: per-stage time, batch sizes and padded tokens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen, base_url: str, log: Path) -> None:
+        self.process, self.base_url, self.log = process, base_url, log
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all its threads)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {'name{label=value,...}': value} for the bert_heads_* histograms and
+        counters the report reads."""
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model")
+                out[f"{s.name}{{{labels}}}"] = s.value
+        return out
+
+
+@contextmanager
+def serve(
+    package: Path, variant: str, threads: int, spinning: bool, extra: list[str]
+) -> Iterator[Server]:
+    """Start the service on `package` alone, wait for /ready, stop it afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        model_dir = Path(tmp) / "models"
+        model_dir.mkdir()
+        (model_dir / package.name).symlink_to(package.resolve())
+        port = free_port()
+        log = Path(tmp) / "server.log"
+        args = [
+            sys.executable, "-m", "service",
+            "--model-dir", str(model_dir), "--port", str(port),
+            "--variant", variant, "--intra-op-threads", str(threads),
+            "--intra-op-spinning" if spinning else "--no-intra-op-spinning",
+            # 128 clients must never meet the 429 guard: it is admission control, not speed
+            "--max-concurrent-requests", "4096",
+            "--log-level", "warning", *extra,
+        ]  # fmt: skip
+        with log.open("w") as sink:
+            process = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        server = Server(process, f"http://127.0.0.1:{port}", log)
+        try:
+            _wait_ready(server, timeout=180)
+            yield server
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the server exited at start-up:\n{server.log.read_text()[-3000:]}")
+        try:
+            if httpx.get(server.base_url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server was not ready in {timeout:.0f} s")
+
+
+def stage_profile(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Where the server's time went between two scrapes: mean seconds per request of each
+    stage, mean rows and padded tokens per forward pass, and forward passes."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    def find(name: str, **labels: str) -> str:
+        for key in after:
+            if key.startswith(name + "{") and all(f"{k}={v}" in key for k, v in labels.items()):
+                return key
+        return name + "{}"
+
+    out: dict[str, Any] = {}
+    requests = delta(find("bert_heads_request_duration_seconds_count"))
+    if requests:
+        total = delta(find("bert_heads_request_duration_seconds_sum"))
+        out["request_ms"] = round(1000 * total / requests, 3)
+    for stage in ("tokenization", "queue_wait", "postprocess"):
+        n = delta(find("bert_heads_stage_duration_seconds_count", stage=stage))
+        if n:
+            s = delta(find("bert_heads_stage_duration_seconds_sum", stage=stage))
+            out[f"{stage}_ms"] = round(1000 * s / n, 3)
+    batches = delta(find("bert_heads_batch_size_count"))
+    if batches:
+        infer = delta(find("bert_heads_stage_duration_seconds_sum", stage="inference"))
+        out["batches"] = int(batches)
+        out["inference_ms_per_batch"] = round(1000 * infer / batches, 3)
+        out["inference_busy_s"] = round(infer, 3)
+        out["rows_per_batch"] = round(delta(find("bert_heads_batch_size_sum")) / batches, 2)
+        out["padded_tokens"] = int(delta(find("bert_heads_batch_tokens_sum")))
+    return out

