@@ -13,11 +13,14 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/service.txt ./requirements/service.txt
 COPY service ./service
 # Exactly one ONNX Runtime: cpu (onnxruntime) or gpu (onnxruntime-gpu). A build arg rather than
 # a separate stage, so that the classic builder (no BuildKit) never builds the CUDA one for CPU.
 ARG ORT_EXTRA=cpu
-RUN pip install --upgrade pip && pip install ".[${ORT_EXTRA}]" && pip check
+# requirements/service.txt pins every runtime dependency (audited in CI: make audit); as
+# constraints, so onnxruntime-gpu, which it does not name, still installs for the gpu target.
+RUN pip install --upgrade pip && pip install -c requirements/service.txt ".[${ORT_EXTRA}]" && pip check
 
 # --- runtime images ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS base-runtime
@@ -36,6 +39,8 @@ ENTRYPOINT ["python", "-m", "service"]
 
 FROM base-runtime AS gpu
 COPY --from=build /opt/venv /opt/venv
+# Fail the build, not the first start, when the build stage installed the CPU wheel.
+RUN python -c "import onnxruntime as o, sys; sys.exit(0 if 'CUDAExecutionProvider' in o.get_available_providers() else 'the gpu target needs --build-arg ORT_EXTRA=gpu')"
 ENV BERT_HEADS_DEVICE=cuda
 
 FROM base-runtime AS runtime

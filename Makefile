@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 MODELS ?= models
 PORT ?= 8080
 
-.PHONY: help install install-dev test test-slow test-e2e lint format typecheck models serve clean
+.PHONY: help install install-dev test test-slow test-e2e audit lock lint format typecheck models serve clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,8 +22,8 @@ install-dev: $(BIN)/python  ## service + training + test tools
 	$(BIN)/pip install -q -e ".[cpu,train,dev]"
 
 test: install-dev  ## lint + the unit suite (minutes; what CI runs first)
-	$(BIN)/ruff check service training tests benchmarks
-	$(BIN)/ruff format --check service training tests benchmarks
+	$(BIN)/ruff check service training tests benchmarks .ci
+	$(BIN)/ruff format --check service training tests benchmarks .ci
 	$(BIN)/python -m pytest -q
 
 test-slow: install-dev  ## the slow-marked tests (real models end to end)
@@ -39,12 +39,22 @@ test-e2e: models  ## Docker end to end: image, compose up, real requests (sets u
 	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
 
 lint: install-dev  ## ruff lint + format check
-	$(BIN)/ruff check service training tests benchmarks
-	$(BIN)/ruff format --check service training tests benchmarks
+	$(BIN)/ruff check service training tests benchmarks .ci
+	$(BIN)/ruff format --check service training tests benchmarks .ci
 
 format:  ## ruff format + autofix
-	$(BIN)/ruff format service training tests benchmarks
-	$(BIN)/ruff check --fix service training tests benchmarks
+	$(BIN)/ruff format service training tests benchmarks .ci
+	$(BIN)/ruff check --fix service training tests benchmarks .ci
+
+audit: install-dev  ## pip-audit the pinned service dependencies (requirements/service.txt)
+	$(BIN)/python .ci/audit.py requirements/service.txt
+
+lock:  ## re-pin requirements/service.txt from a fresh install of the service (no dev tools)
+	rm -rf build/lock-venv && $(PY) -m venv build/lock-venv
+	build/lock-venv/bin/pip install -q ".[cpu]"
+	head -3 requirements/service.txt > build/service.txt
+	build/lock-venv/bin/pip freeze --exclude-editable | grep -iv '^bert-heads' >> build/service.txt
+	mv build/service.txt requirements/service.txt
 
 typecheck: install-dev  ## mypy on service/
 	$(BIN)/mypy

@@ -3,9 +3,10 @@ table and a PNG (throughput vs concurrency; latency percentiles) in benchmarks/r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from benchmarks._paths import write_json
 
 REFERENCE_CONCURRENCY = 32  # "served throughput" in the targets is measured here
 
@@ -63,7 +64,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 def write(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
-    paths[0].write_text(json.dumps(result, indent=2) + "\n")
+    write_json(paths[0], result)
     paths[1].write_text(markdown(result, paths[2].name))
     plot(result, paths[2])
     return paths

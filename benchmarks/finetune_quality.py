@@ -21,7 +21,6 @@ Results go to benchmarks/results/finetune_quality.{json,md}; checkpoints to --wo
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._paths import write_json  # noqa: E402
 from training.checkpoint import load_model, sha256, weights_file  # noqa: E402
 from training.evaluate import make_evaluator, torch_runner  # noqa: E402
 from training.finetune import FinetuneArgs, finetune  # noqa: E402
@@ -111,7 +111,7 @@ def run_one(name: str, init: Path, work: Path, cli: argparse.Namespace) -> dict:
         max_steps=cli.max_steps,
         max_eval_examples=cli.max_eval_examples,
         precision=cli.precision,
-        **spec["args"],
+        **(spec["args"] | ({"epochs": cli.epochs[name]} if name in cli.epochs else {})),
     )
     t0 = time.perf_counter()
     result = finetune(args)
@@ -150,6 +150,13 @@ def run_one(name: str, init: Path, work: Path, cli: argparse.Namespace) -> dict:
     if name == "stsb":
         row["untuned"] = untuned_stsb(init, cli.max_eval_examples)
     return row
+
+
+def _epochs(spec: str) -> tuple[str, int]:
+    name, _, n = spec.partition("=")
+    if name not in RUNS or not n.isdigit():
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected RUN=N with RUN one of {list(RUNS)}")
+    return name, int(n)
 
 
 def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
@@ -197,8 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--max-eval-examples", type=int, default=None, help="smoke test: evaluate on N examples"
     )
+    p.add_argument(
+        "--epochs",
+        nargs="+",
+        type=_epochs,
+        default=[],
+        metavar="RUN=N",
+        help="override a run's epochs (default: 3, BERT's recipe), e.g. sst2=1 squad=2",
+    )
     p.add_argument("--precision", default="bf16" if torch.cuda.is_available() else "fp32")
     cli = p.parse_args(argv)
+    cli.epochs = dict(cli.epochs)
     if not DATA.is_dir():
         raise SystemExit(f"{DATA} is absent: this benchmark needs ../shared/data")
 
@@ -214,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_one(name, init, cli.work, cli))
         smoke = bool(cli.max_steps or cli.max_eval_examples)
         report = {"hardware": hardware, "smoke": smoke, "init": str(init), "runs": rows}
-        (cli.results / "finetune_quality.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_json(cli.results / "finetune_quality.json", report)
         (cli.results / "finetune_quality.md").write_text(markdown(rows, hardware, smoke))
     print((cli.results / "finetune_quality.md").read_text())
     return 0

@@ -3,6 +3,8 @@ checkpoints the transformers / sentence-transformers peers load.
 
     python -m benchmarks.packages                       # all four into models/bench
     python -m benchmarks.packages --only minilm-embed base-classify
+    python -m benchmarks.packages --only minilm-embed base-classify --variants fp32,int8,fp16 \
+        --report                          # + benchmarks/results/export.{json,md} (issue 3 figures)
 
 | package              | weights                                         | window |
 |----------------------|-------------------------------------------------|--------|
@@ -19,6 +21,9 @@ Everything lands under --out (models/ is git-ignored); a package's checkpoint si
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data
+from benchmarks._paths import write_json
 from training.checkpoint import load_model, save_model
 from training.config import BertConfig
 from training.export import export_package
@@ -80,17 +86,81 @@ def build(name: str, out: Path, variants: list[str]) -> Path:
     return package
 
 
+def report_row(package: Path, wall: float) -> dict:
+    """What the export of `package` cost and gave: time, sizes, parity, fused operators."""
+    manifest = json.loads((package / "package.json").read_text())
+    sizes = {v: (package / f).stat().st_size / 2**20 for v, f in manifest["variants"].items()}
+    parity = {v: p for v, p in manifest["parity"].items() if isinstance(p, dict) and v in sizes}
+    fusion = manifest["source"]["fusion"]["ops"]
+    return {
+        "package": package.name,
+        "task": manifest["task"],
+        "export_seconds": manifest["source"]["export"]["seconds"],
+        "wall_seconds": round(wall, 1),
+        "size_mib": {v: round(mib, 1) for v, mib in sizes.items()},
+        "parity": parity,
+        "fused_ops": {op: n for op, n in fusion.items() if n},
+        "graph": manifest["source"]["export"]["graph"],
+        "versions": manifest["source"]["export"]["versions"],
+    }
+
+
+def _worst(parity: dict) -> str:
+    diffs = parity.get("max_abs_diff", {})
+    cosine = parity.get("min_cosine")
+    shown = f"max abs {max(diffs.values()):.2e}" if diffs else ""
+    if cosine is not None:
+        shown += f", min cosine {cosine:.6f}"
+    return shown or json.dumps(parity)
+
+
+def write_report(rows: list[dict], results: Path) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    host = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    write_json(results / "export.json", {"host": host, "packages": rows})
+    lines = [
+        "# Export: time, sizes, parity, fusion",
+        "",
+        f"`python -m benchmarks.packages --only {' '.join(r['package'] for r in rows)} "
+        f"--variants fp32,int8,fp16 --report` on {host}; versions "
+        f"{', '.join(f'{k} {v}' for k, v in rows[0]['versions'].items())}.",
+        "Parity is ONNX Runtime (CPU) against PyTorch fp32 on padded probe batches "
+        "(batch 1 and 3, sequence 7 and 64).",
+        "",
+        "| package | export s | size MiB per variant | parity per variant | fused operators |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sizes = ", ".join(f"{v} {mib}" for v, mib in r["size_mib"].items())
+        parity = "<br>".join(f"{v}: {_worst(p)}" for v, p in r["parity"].items())
+        fused = ", ".join(f"{op} {n}" for op, n in r["fused_ops"].items())
+        lines.append(f"| {r['package']} | {r['export_seconds']} | {sizes} | {parity} | {fused} |")
+    (results / "export.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.packages", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("models/bench"))
     parser.add_argument("--only", nargs="+", choices=PACKAGES, default=list(PACKAGES))
     parser.add_argument("--variants", default="fp32,int8")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="write time, sizes, parity and fused operators to --results/export.{json,md}",
+    )
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
+    rows = []
     for name in args.only:
         start = time.perf_counter()
         path = build(name, args.out, args.variants.split(","))
-        print(f"[packages] {path} in {time.perf_counter() - start:.0f} s", flush=True)
+        wall = time.perf_counter() - start
+        print(f"[packages] {path} in {wall:.0f} s", flush=True)
+        rows.append(report_row(path, wall))
+    if args.report:
+        write_report(rows, args.results)
+        print((args.results / "export.md").read_text())
     return 0
 
 

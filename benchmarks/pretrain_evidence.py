@@ -28,7 +28,6 @@ Results: benchmarks/results/pretrain_evidence.{json,md}; checkpoints under --wor
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -40,6 +39,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._paths import write_json  # noqa: E402
 from training.checkpoint import save_model  # noqa: E402
 from training.config import BertConfig  # noqa: E402
 from training.finetune import FinetuneArgs, finetune  # noqa: E402
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             print("--throughput needs a GPU: skipped", file=sys.stderr)
 
     cli.results.mkdir(parents=True, exist_ok=True)
-    (cli.results / "pretrain_evidence.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(cli.results / "pretrain_evidence.json", report)
     (cli.results / "pretrain_evidence.md").write_text(markdown(report))
     print((cli.results / "pretrain_evidence.md").read_text())
     return 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import os
 import platform
 import signal
@@ -41,6 +40,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._paths import write_json
 from benchmarks._server import REPO, Server, _wait_ready, free_port
 from tests.service.traffic import INFERENCE, PROBES, assert_same, percentile
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("soak" + (f"-{args.tag}" if args.tag else ""))
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(stem.with_suffix(".json"), report)
     stem.with_suffix(".md").write_text(text)
     return 0 if report["verdict"]["passed"] else 1
 

@@ -6,6 +6,7 @@ The batcher only sees `Backend`; tests swap in a slow or failing one without tou
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,6 +105,21 @@ def choose_variant(package: ModelPackage, requested: str, kind: str) -> str:
     return "fp32" if "fp32" in available else next(iter(available))
 
 
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the nvidia-* wheels that onnxruntime-gpu[cuda,cudnn] installs,
+    so that no CUDA base image (or LD_LIBRARY_PATH) is needed. Once per process; a failure is
+    logged, and the CUDA session that follows then falls back to CPU (or fails with
+    device=cuda)."""
+    preload = getattr(ort, "preload_dlls", None)  # onnxruntime-gpu >= 1.21
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as err:  # any loader error means "no CUDA from wheels"
+        log.warning("onnxruntime.preload_dlls() failed: %s", err)
+
+
 def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend, str]:
     """Create the session for `package` on the device the settings ask for.
 
@@ -113,6 +129,8 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
     try_cuda = settings.device in ("auto", "cuda") and CUDA in ort.get_available_providers()
     if settings.device == "cuda" and not try_cuda:
         raise RuntimeError("device=cuda but this onnxruntime build has no CUDAExecutionProvider")
+    if try_cuda:
+        preload_cuda_libraries()
     providers = [CUDA, CPU] if try_cuda else [CPU]
     variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
     threads, spinning = settings.intra_op_threads, settings.intra_op_spinning

@@ -112,6 +112,8 @@ def test_gpu_overlay_asks_for_a_gpu():
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
 
 
+# Marked docker: compose is set up with the Docker engine (CI's docker stage, .ci/with-docker.sh).
+@pytest.mark.docker
 @pytest.mark.parametrize("profiles", [[], ["gpu"], ["monitoring"], ["gpu", "monitoring"]])
 def test_compose_config_is_valid(profiles):
     docker = shutil.which("docker")

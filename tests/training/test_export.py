@@ -256,6 +256,10 @@ def test_cli_exports_a_saved_checkpoint(tmp_path: Path, capsys) -> None:
     assert (pkg.name, pkg.max_seq_length, sorted(pkg.variants)) == ("ner", 64, ["fp32", "int8"])
     assert pkg.source["checkpoint"] == str(tmp_path / "ckpt")
     assert pkg.source["arguments"]["variants"] == "fp32,int8"
+    # the labels are the checkpoint's id2label, in id order
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    id2label = {int(i): label for i, label in config["id2label"].items()}
+    assert pkg.labels == [id2label[i] for i in range(len(id2label))]
     assert "fused ops: EmbedLayerNormalization 1, Attention 2" in capsys.readouterr().out
 
 

@@ -45,9 +45,10 @@ def texts(shared_data) -> list[str]:
 @pytest.fixture(scope="module")
 def pairs(shared_data) -> dict[str, tuple[list[str], list[str]]]:
     """Pairs per truncation strategy, chosen so the truncated side can always make room."""
-    squad = squad_pairs(shared_data)[::20]  # 529 questions over many contexts
-    stsb = stsb_pairs(shared_data)[:300]
+    squad = squad_pairs(shared_data)[::5]  # 2,114 questions over many contexts
+    stsb = stsb_pairs(shared_data)
     questions, contexts = [q for q, _ in squad], [c for _, c in squad]
+    assert len(questions) >= 2000
     return {
         "longest_first": (questions + [a for a, _ in stsb], contexts + [b for _, b in stsb]),
         "only_second": (questions, contexts),

