@@ -169,7 +169,7 @@ async def test_ner_as_the_pipeline(
         if strategy == "none":
             assert [e["index"] for e in o] == [e["index"] for e in t]
         found += len(o)
-    assert found > 100  # the random model does name things: the comparison is not vacuous
+    assert found > 500  # the random model does name things: the comparison is not vacuous
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,8 @@ def test_durations():
         parse_duration("soon")
 
 
-@pytest.mark.slow
+# ~10 s: in the unit suite, so that CI runs DDP (torchrun, gloo) for real
+@pytest.mark.timeout(120)
 def test_two_processes_with_torchrun_on_cpu(data, tmp_path):
     """DDP over gloo: both ranks train, rank 0 writes one checkpoint."""
     out = tmp_path / "ddp"
