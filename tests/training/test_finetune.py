@@ -4,6 +4,7 @@ falls, metrics are computed, the best checkpoint reloads and exports), resume, b
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -304,3 +305,45 @@ def test_the_log_survives_a_half_written_line_and_plots(tmp_path):
     assert [r["step"] for r in read_log(log)] == [1, 2, 3, 3]
     assert read_log(log)[-1]["accuracy"] == 81.5
     assert plot_curves(log, tmp_path / "curves.png").stat().st_size > 0
+
+
+# --- mixed precision ----------------------------------------------------------------------
+
+
+def _mixed_precision_run(init, sentiment, out, precision: str):
+    args = FinetuneArgs(
+        task="classification",
+        init=str(init),
+        train=str(sentiment),
+        eval=str(sentiment),
+        out=str(out),
+        batch_size=8,
+        epochs=3,
+        lr=1e-3,
+        log_every=1,
+        precision=precision,
+    )
+    result = finetune(args)
+    losses = [r["loss"] for r in read_log(result.out / "log.jsonl") if r["split"] == "train"]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert losses[-1] < losses[0]
+    # the checkpoint is saved in fp32 whatever the autocast dtype
+    model = load_model(result.best_dir, task="classification")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    return result
+
+
+def test_bf16_autocast_trains_on_cpu(init, sentiment, tmp_path):
+    _mixed_precision_run(init, sentiment, tmp_path / "bf16", "bf16")
+
+
+def test_fp16_is_refused_without_a_gpu(init, sentiment, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: fp16 is allowed")
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        _mixed_precision_run(init, sentiment, tmp_path / "fp16", "fp16")
+
+
+@pytest.mark.gpu
+def test_fp16_with_loss_scaling_trains_on_a_gpu(init, sentiment, tmp_path):
+    _mixed_precision_run(init, sentiment, tmp_path / "fp16", "fp16")
