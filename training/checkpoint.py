@@ -7,6 +7,9 @@ theirs (bert-base-uncased, all-MiniLM-L6-v2, a fine-tuned head) open here.
     >>> save_model(model, "runs/sst2", tokenizer=tok)
     >>> AutoModelForSequenceClassification.from_pretrained("runs/sst2")  # no missing keys
 
+ALBERT checkpoints (config.json model_type "albert": AlbertModel, AlbertForSequenceClassification
+...) load and save under transformers' ALBERT names, mapped by `training/albert_layout.py`.
+
 A checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin, or a sharded
 model.safetensors.index.json) and optionally tokenizer.json / vocab.txt. Parameter names are
 transformers' own, with or without the `bert.` prefix; the MLM decoder weight is tied to the
@@ -40,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
+from training import albert_layout
 from training.config import BertConfig, ConfigError
 from training.model import HEADS, BertForEmbedding
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
@@ -59,7 +63,11 @@ ARCHITECTURES = {
     "embedding": "BertModel",
 }
 # bert-base-uncased's config.json says BertForMaskedLM, though its file holds the NSP head too.
-TASK_OF_ARCHITECTURE = {a: t for t, a in ARCHITECTURES.items()} | {"BertForMaskedLM": "pretraining"}
+TASK_OF_ARCHITECTURE = (
+    {a: t for t, a in ARCHITECTURES.items()}
+    | {"BertForMaskedLM": "pretraining"}
+    | albert_layout.TASK_OF_ARCHITECTURE
+)
 
 HEAD_MODULES = (
     "bert.pooler.",
@@ -152,8 +160,8 @@ def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
         raise CheckpointError(str(e)) from None
     raw = json.loads(path.read_text())
     # Fields our encoder does not implement: refuse rather than compute something else.
-    if raw.get("model_type", "bert") != "bert":
-        raise CheckpointError(f"{path}: model_type {raw['model_type']!r} is not bert")
+    if raw.get("model_type", "bert") not in ("bert", "albert"):
+        raise CheckpointError(f"{path}: model_type {raw['model_type']!r} is not bert or albert")
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(
             f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not supported"
@@ -329,7 +337,10 @@ def load_model(
             head_args.setdefault("pooling", pooling[0])
             head_args.setdefault("normalize", pooling[1])
     model = HEADS[task](config, **head_args)
-    state = _match(model, _our_names(load_state_dict_file(directory)), file, task)
+    state = load_state_dict_file(directory)
+    if config.model_type == "albert":
+        state = {albert_layout.from_albert(k): v for k, v in state.items()}
+    state = _match(model, _our_names(state), file, task)
     model.load_state_dict(state, strict=False)  # _match has accounted for every key
     return model.eval()
 
@@ -415,10 +426,14 @@ def save_model(
     # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
     # transformers re-ties it on load, so (like transformers) it is not written.
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
-    if task == "embedding":  # a bare BertModel, as sentence-transformers stores it
-        state = {k.removeprefix("bert."): v for k, v in state.items()}
+    prefix, architectures = "bert.", ARCHITECTURES
+    if config.model_type == "albert":
+        state = {albert_layout.to_albert(k): v for k, v in state.items()}
+        prefix, architectures = "albert.", albert_layout.ARCHITECTURES
+    if task == "embedding":  # a bare BertModel / AlbertModel, as sentence-transformers stores it
+        state = {k.removeprefix(prefix): v for k, v in state.items()}
     directory.mkdir(parents=True, exist_ok=True)
-    config.save(directory, ARCHITECTURES[task])
+    config.save(directory, architectures[task])
     save_file(state, directory / SAFETENSORS, metadata={"format": "pt"})
     if task == "embedding":
         _write_sentence_transformers(model, directory, max_seq_length)  # type: ignore[arg-type]

@@ -4,6 +4,13 @@
 >>> cfg.save("runs/mini")                     # writes runs/mini/config.json
 >>> BertConfig.load("runs/mini") == cfg
 True
+>>> BertConfig.preset("albert-base").model_type     # factorised embeddings, shared layers
+'albert'
+
+ALBERT (Lan et al. 2019) is two options of the same encoder: `embedding_size` E (token,
+position and segment embeddings of width E, then one E -> H projection) and `share_layers`
+(one layer's weights applied num_hidden_layers times). A config with `embedding_size` set is
+an ALBERT config: config.json says model_type "albert" in transformers' AlbertConfig terms.
 """
 
 from __future__ import annotations
@@ -23,7 +30,20 @@ PRESETS: dict[str, tuple[int, int]] = {
     "medium": (8, 512),
     "base": (12, 768),
     "large": (24, 1024),
+    "albert-base": (12, 768),  # Lan et al. 2019, Table 1: 12M parameters (BERT-base: 108M)
+    "albert-large": (24, 1024),  # Table 1: 18M (BERT-large: 334M)
 }
+# ALBERT's recipe on top of the shape (Lan et al. 2019 §3.1, §4.9; google-research/albert's
+# albert_base v2 config): E = 128, every layer shared, no dropout, and the tanh-approximated
+# GELU of ALBERT's modeling.py (transformers' "gelu_new").
+ALBERT = dict(
+    embedding_size=128,
+    share_layers=True,
+    hidden_act="gelu_new",
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+PRESET_OPTIONS: dict[str, dict[str, Any]] = {"albert-base": ALBERT, "albert-large": ALBERT}
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
@@ -50,6 +70,10 @@ class BertConfig:
     # Heads: label names by id and how classification is scored (HF names).
     id2label: dict[int, str] | None = field(default=None, compare=True)
     problem_type: str | None = None
+    # ALBERT: width of the embeddings before their projection to hidden_size (None: no
+    # projection, plain BERT), and one set of layer weights for every layer.
+    embedding_size: int | None = None
+    share_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -61,6 +85,10 @@ class BertConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ConfigError(f"problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        if self.share_layers and self.embedding_size is None:
+            # transformers' BERT has no shared layers, so the checkpoint could not be BERT's;
+            # ALBERT's always projects (embedding_size = hidden_size keeps the width).
+            raise ConfigError("share_layers is an ALBERT option: set embedding_size too")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
@@ -73,10 +101,15 @@ class BertConfig:
             num_attention_heads=hidden // 64,
             intermediate_size=4 * hidden,
         )
-        return cls(**{**shape, **overrides})
+        return cls(**{**shape, **PRESET_OPTIONS.get(name, {}), **overrides})
 
     def replace(self, **changes: Any) -> BertConfig:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def model_type(self) -> str:
+        """'albert' when the embeddings are factorised (ALBERT's layout), else 'bert'."""
+        return "bert" if self.embedding_size is None else "albert"
 
     @property
     def num_labels(self) -> int:
@@ -89,7 +122,7 @@ class BertConfig:
     # --- Hugging Face config.json -------------------------------------------------------
 
     def to_dict(self, architecture: str | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = {"model_type": "bert"}
+        d: dict[str, Any] = {"model_type": self.model_type}
         if architecture:
             d["architectures"] = [architecture]
         for f in dataclasses.fields(self):
@@ -99,7 +132,12 @@ class BertConfig:
                     d["id2label"] = {str(k): v for k, v in value.items()}
                     d["label2id"] = {v: k for k, v in value.items()}
                 continue
-            if f.name == "problem_type" and value is None:
+            if f.name in ("problem_type", "embedding_size") and value is None:
+                continue
+            if f.name == "share_layers":  # AlbertConfig's terms: groups of layers sharing weights
+                if self.model_type == "albert":
+                    d["num_hidden_groups"] = 1 if value else self.num_hidden_layers
+                    d["inner_group_num"] = 1
                 continue
             d[f.name] = value
         return d
@@ -112,6 +150,11 @@ class BertConfig:
             kwargs["id2label"] = {int(k): str(v) for k, v in d["id2label"].items()}
         elif "id2label" in kwargs:
             kwargs["id2label"] = None
+        kwargs.pop("share_layers", None)  # not an HF field: ALBERT says num_hidden_groups
+        if d.get("model_type") == "albert":
+            kwargs.update(_albert_fields(d))
+        else:  # e.g. ELECTRA's embedding_size: only ALBERT's means what ours does
+            kwargs.pop("embedding_size", None)
         return cls(**kwargs)
 
     def save(self, directory: str | Path, architecture: str | None = None) -> Path:
@@ -134,3 +177,22 @@ class BertConfig:
             return cls.from_dict(data)
         except (TypeError, ConfigError) as e:
             raise ConfigError(f"{path}: {e}") from None
+
+
+def _albert_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """embedding_size and share_layers from an AlbertConfig dict (its defaults where absent).
+    ALBERT groups layers: num_hidden_groups groups of inner_group_num layers each, the
+    groups' weights applied in turn. We implement the two layouts ALBERT's paper trains: one
+    group (every layer shared) or one group per layer (none shared)."""
+    layers = d.get("num_hidden_layers", 12)
+    groups, inner = d.get("num_hidden_groups", 1), d.get("inner_group_num", 1)
+    if inner != 1 or groups not in (1, layers):
+        raise ConfigError(
+            f"ALBERT with num_hidden_groups {groups} and inner_group_num {inner} is not "
+            f"supported: one group (all layers shared) or {layers} (none), of one layer each"
+        )
+    return {
+        "embedding_size": d.get("embedding_size", 128),
+        "share_layers": groups == 1,
+        "hidden_act": d.get("hidden_act", "gelu_new"),
+    }

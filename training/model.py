@@ -3,13 +3,19 @@
 Module and parameter names follow transformers' `modeling_bert.py`, so state dicts map one to
 one onto Hugging Face checkpoints (see `training/checkpoint.py`).
 
+ALBERT (Lan et al. 2019) is the same encoder with two config options: `embedding_size` E
+(embeddings of width E, projected to H by `encoder.embedding_hidden_mapping_in`) and
+`share_layers` (`encoder.layer` holds one layer, applied num_hidden_layers times). Its
+checkpoints use transformers' ALBERT names; `training/albert_layout.py` maps them.
+
     >>> from training.config import BertConfig
     >>> from training.model import BertForSequenceClassification
     >>> model = BertForSequenceClassification(BertConfig.preset("tiny"), num_labels=2)
     >>> out = model(input_ids, attention_mask, token_type_ids, labels=labels)
     >>> out.loss.backward()
 
-Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H / nh), V vocabulary, C labels.
+Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H / nh), V vocabulary, C labels,
+E embedding width (H, or ALBERT's embedding_size).
 """
 
 from __future__ import annotations
@@ -35,16 +41,16 @@ ACT = {
 
 
 class BertEmbeddings(nn.Module):
-    """token + learned absolute position + segment embeddings, then LayerNorm and dropout."""
+    """token + learned absolute position + segment embeddings, then LayerNorm and dropout.
+    Width E: hidden_size, or ALBERT's embedding_size (V x E instead of V x H parameters)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(
-            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
-        )
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        E = config.embedding_size or config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
+        self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
@@ -54,7 +60,7 @@ class BertEmbeddings(nn.Module):
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions)
             + self.token_type_embeddings(token_type_ids)
-        )  # (B, T, H)
+        )  # (B, T, E)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -146,13 +152,22 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.num_hidden_layers = config.num_hidden_layers
+        self.embedding_hidden_mapping_in = None
+        if config.embedding_size is not None:  # ALBERT: the E -> H half of the factorisation
+            self.embedding_hidden_mapping_in = nn.Linear(config.embedding_size, config.hidden_size)
+        # ALBERT's cross-layer sharing: one layer's weights, num_hidden_layers applications.
+        distinct = 1 if config.share_layers else config.num_hidden_layers
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(distinct))
 
     def forward(self, x: Tensor, mask_bias: Tensor) -> list[Tensor]:
-        """Returns the embeddings output and every layer's output: L + 1 tensors (B, T, H)."""
+        """x (B, T, E). Returns the (projected) embeddings and every layer's output: L + 1
+        tensors (B, T, H)."""
+        if self.embedding_hidden_mapping_in is not None:
+            x = self.embedding_hidden_mapping_in(x)  # (B, T, E) -> (B, T, H)
         hidden = [x]
-        for layer in self.layer:
-            x = layer(x, mask_bias)
+        for i in range(self.num_hidden_layers):
+            x = self.layer[i % len(self.layer)](x, mask_bias)
             hidden.append(x)
         return hidden
 
@@ -256,11 +271,14 @@ class PreTrainingOutput:
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """H -> E, so that the decoder can share the (V, E) word embeddings (ALBERT: E < H)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        E = config.embedding_size or config.hidden_size
+        self.dense = nn.Linear(config.hidden_size, E)
         self.transform_act_fn = ACT[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(x)))
@@ -271,7 +289,8 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         # The decoder's weight is tied to the word embeddings (set by the owner); its own bias.
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        E = config.embedding_size or config.hidden_size
+        self.decoder = nn.Linear(E, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="mini",
         metavar="{" + ",".join(PRESETS) + "}|PATH",
         help="a size preset (layers/hidden: tiny 2/128, mini 4/256, small 4/512, medium 8/512, "
-        "base 12/768, large 24/1024) or a config.json; vocab_size comes from the tokenizer",
+        "base 12/768, large 24/1024; albert-base / albert-large: the same shapes with ALBERT's "
+        "E=128 factorised embeddings and shared layers, use with --objective mlm+sop) or a "
+        "config.json; vocab_size comes from the tokenizer",
     )
     model.add_argument(
         "--objective",
@@ -338,16 +340,20 @@ def flops_per_token(config: BertConfig, seq_len: int, mlm_probability: float) ->
     """Training FLOPs per token, forward + backward (3 x forward, 2 FLOPs per multiply-add):
 
         6 * L * (4 H^2 + 2 H F)       the encoder's matmuls (Q, K, V, output; FFN in and out)
-      + 6 * p * (H^2 + V H)           the MLM head, run only at the fraction p of chosen tokens
+      + 6 * p * (H E + V E)           the MLM head, run only at the fraction p of chosen tokens
       + 12 * L * H * T                attention: scores Q K^T and the weighted sum over T keys
 
     i.e. nanoGPT's / PaLM's 6 N + 12 L H T with N the weights a token passes through;
-    embedding lookups, LayerNorms, softmax and the per-sequence pooler/NSP head are left out."""
+    embedding lookups, LayerNorms, softmax and the per-sequence pooler/NSP head are left out.
+    E = H for BERT; ALBERT adds its E -> H projection (6 E H), and its shared layers cost
+    what unshared ones do: a token still passes through L of them."""
     H, L = config.hidden_size, config.num_hidden_layers
     F, V = config.intermediate_size, config.vocab_size
+    E = config.embedding_size or H
+    projection = E * H if config.embedding_size else 0
     return (
-        6 * L * (4 * H * H + 2 * H * F)
-        + 6 * mlm_probability * (H * H + V * H)
+        6 * (L * (4 * H * H + 2 * H * F) + projection)
+        + 6 * mlm_probability * (H * E + V * E)
         + 12 * L * H * seq_len
     )
 

@@ -28,7 +28,17 @@ def test_presets_have_the_published_shapes(name, layers, hidden, heads, ffn):
 
 
 def test_every_preset_is_tested():
-    assert set(PRESETS) == {"tiny", "mini", "small", "medium", "base", "large"}
+    # albert-base / albert-large: tests/training/test_albert.py
+    assert set(PRESETS) == {
+        "tiny",
+        "mini",
+        "small",
+        "medium",
+        "base",
+        "large",
+        "albert-base",
+        "albert-large",
+    }
 
 
 def test_preset_overrides():

@@ -132,6 +132,31 @@ def test_the_other_objectives_train(data, tmp_path, objective, second_loss):
     assert load_model(out, "pretraining") is not None
 
 
+def test_albert_options_pretrain_with_sop_and_open_in_transformers(data, tmp_path):
+    """ALBERT's recipe: factorised embeddings, shared layers, sentence-order prediction."""
+    transformers = pytest.importorskip("transformers")
+    config = tmp_path / "albert.json"
+    config.write_text(json.dumps({**TINY, "embedding_size": 16, "model_type": "albert"}))
+    out = tmp_path / "albert"
+    argv = ["--config", str(config), "--objective", "mlm+sop", "--steps", "3"]
+    result = pretrain(args_for(data, out, *argv))
+    assert "sop_loss" in result["train"]
+    ours = load_model(out, "pretraining").eval()
+    assert len(ours.bert.encoder.layer) == 1  # AlbertConfig's default: one shared group
+    theirs = transformers.AlbertForPreTraining.from_pretrained(out).eval()
+    ids = torch.randint(5, ours.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        a, b = ours(ids), theirs(ids)
+    torch.testing.assert_close(a.prediction_logits, b.prediction_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.seq_relationship_logits, b.sop_logits, atol=1e-5, rtol=0)
+    E, H = 16, TINY["hidden_size"]
+    albert = BertConfig.load(out)
+    bert = albert.replace(embedding_size=None, share_layers=False)
+    head = 6 * 0.15 * (H * E + albert.vocab_size * E - H * H - albert.vocab_size * H)
+    extra = flops_per_token(albert, 32, 0.15) - flops_per_token(bert, 32, 0.15)
+    assert extra == pytest.approx(6 * E * H + head)
+
+
 def test_a_time_budget_stops_the_run_and_decays_the_rate(data, tmp_path):
     result = pretrain(args_for(data, tmp_path / "timed", "--time-budget", "1.5s", "--warmup", "1"))
     assert result["step"] > 1
