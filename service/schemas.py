@@ -230,6 +230,20 @@ class EmbedRequest(_Request):
     normalize: bool | None = Field(
         default=None, description="L2-normalise; default the package's choice (true)."
     )
+    layers: Annotated[list[int], Field(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="Hidden states to read, -1 the last layer, 0 the embeddings output "
+        "(e.g. [-1, -2, -3, -4]); needs a package exported with --hidden-states. "
+        "Default: the package's embedding.",
+    )
+    pooling: Literal["cls", "mean"] | None = Field(
+        default=None,
+        description="Pool tokens by [CLS] or by mask-aware mean; default the package's. "
+        "Another than the package's needs --hidden-states.",
+    )
+    combine: Literal["concat", "sum", "mean"] = Field(
+        default="concat", description="How several layers make one vector (concat: k x H)."
+    )
     truncate: bool = Field(
         default=True, description="Cut inputs to the model window; false = 422 instead."
     )
@@ -315,6 +329,9 @@ class ModelInfo(BaseModel):
     problem_type: str | None = None
     pooling: str | None = None
     normalize: bool | None = None
+    hidden_states: int | None = Field(
+        default=None, description="Embedding: hidden states /embed `layers` can read (L + 1)."
+    )
     max_seq_length: int | None = None
     variant: str | None = None
     variants: list[str] | None = None

@@ -132,9 +132,11 @@ def build_tiny_package(
     normalize: bool = True,
     name: str | None = None,
     checkpoint_dir: Path | None = None,
+    hidden_states: bool = False,
 ) -> ModelPackage:
     """Export a tiny random model of `task` into `out_dir` and return the package read back.
-    problem_type uses the package's names (single_label, multi_label, regression)."""
+    problem_type uses the package's names (single_label, multi_label, regression);
+    hidden_states: every layer's pooled states too (embedding)."""
     out_dir = Path(out_dir)
     if labels is None and task in DEFAULT_LABELS:
         labels = ["score"] if problem_type == "regression" else DEFAULT_LABELS[task]
@@ -145,11 +147,14 @@ def build_tiny_package(
         return tiny_model(*spec, vocab_size=tok.get_vocab_size())
 
     name = name or out_dir.name
-    key = repr((spec, tuple(variants), name, tokenizer.to_str() if tokenizer else None))
+    key = repr(
+        (spec, tuple(variants), name, tokenizer.to_str() if tokenizer else None, hidden_states)
+    )
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     if key not in _cache:
         export_package(model(), task, _cache_root / key, tokenizer=tok, name=name,
-                       max_seq_length=max_seq_length, variants=variants, verbose=False)  # fmt: skip
+                       max_seq_length=max_seq_length, variants=variants, verbose=False,
+                       hidden_states=hidden_states)  # fmt: skip
         _cache[key] = _cache_root / key
     if checkpoint_dir is not None:
         from training.checkpoint import save_model

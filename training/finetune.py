@@ -5,6 +5,9 @@ extractive question answering or sentence embeddings.
     python -m training.finetune --task classification --init $MINILM \\
         --train ../shared/data/sst2/train.tsv --eval ../shared/data/sst2/dev.tsv --out runs/sst2
     python -m training.finetune ... --out runs/sst2 --resume      # continue from runs/sst2/last
+    # feature-based (Devlin et al. §5.3): the encoder frozen, a head on its last four layers
+    python -m training.finetune --task token-classification --init $MINILM --freeze-encoder \
+        --features last4-concat --lr 1e-3 --train ../shared/data/conll2003/iob2/eng.train ...
     torchrun --nproc_per_node 2 -m training.finetune ...          # DDP: NCCL on GPUs, gloo on CPU
 
     >>> from training.finetune import FinetuneArgs, finetune       # the same, in-process
@@ -52,7 +55,7 @@ from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
 from training.checkpoint import CheckpointError, load_model, save_model
-from training.config import BertConfig
+from training.config import FEATURES, BertConfig
 from training.data.batch import collate
 from training.data.classification import (
     encode_classification,
@@ -164,6 +167,21 @@ class FinetuneArgs:
         None,
         "embedding: mean or cls (default: the checkpoint's sentence-transformers pooling, else mean)",
         choices=("mean", "cls"),
+    )
+    freeze_encoder: bool = _arg(
+        False,
+        "feature-based use (Devlin et al. 2018, §5.3): the encoder's weights stay as loaded (no "
+        "gradient, no dropout) and only the head trains; a new head alone usually wants a larger "
+        "--lr (1e-3). classification, token-classification, question-answering",
+        action="store_true",
+    )
+    features: str | None = _arg(
+        None,
+        "token-classification: the hidden states the classifier reads: last (fine-tuning's), "
+        "second-to-last, embeddings, last4-concat (the paper's best frozen features), "
+        "last4-sum / all-sum (learned weighted sums); saved in config.json (default: the "
+        "checkpoint's, else last)",
+        choices=tuple(FEATURES),
     )
     max_train_examples: int | None = _arg(
         None, "use only the first N training examples (quick runs, tests)"
@@ -350,7 +368,12 @@ def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None
         head_args["labels"] = labels
     if args.task == "embedding" and args.pooling:
         head_args["pooling"] = args.pooling
-    return load_model(source, task=args.task, **head_args)
+    if args.features:
+        head_args["features"] = args.features
+    model = load_model(source, task=args.task, **head_args)
+    if args.freeze_encoder:
+        model.freeze_encoder()
+    return model
 
 
 def epoch_batches(sampler: DistributedSampler, epoch: int, batch_size: int) -> list[list[int]]:
@@ -424,6 +447,10 @@ def _check(args: FinetuneArgs, d: Dist) -> None:
         raise ValueError("--precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     if args.batch_size % d.world:
         raise ValueError(f"--batch-size {args.batch_size} does not split over {d.world} processes")
+    if args.features and args.task != "token-classification":
+        raise ValueError("--features is for token-classification (per-token layer features)")
+    if args.freeze_encoder and args.task == "embedding":
+        raise ValueError("--freeze-encoder leaves an embedding model nothing to train")
     if args.task == "embedding" and args.batch_size // d.world < 2:
         raise ValueError(
             "embedding training needs >= 2 pairs per process: the others are the negatives"
@@ -505,6 +532,9 @@ def _finetune(args: FinetuneArgs, d: Dist) -> FinetuneResult:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
     n_params = sum(p.numel() for p in raw_model.parameters())
+    n_trained = sum(p.numel() for p in raw_model.parameters() if p.requires_grad)
+    if n_trained < n_params:
+        log(f"encoder frozen: {n_trained:,} of {n_params:,} parameters train", d)
     log(
         f"{args.task}: {n_params / 1e6:.1f}M parameters on {d.device} x{d.world}, {args.precision}; "
         f"{total_steps:,} steps ({n_epochs} epochs of {steps_per_epoch:,} at batch {args.batch_size}), "

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.config import BertConfig
+from training.config import FEATURES, BertConfig
 
 ACT = {
     "gelu": nn.GELU(),  # exact erf GELU, as the original BERT code
@@ -249,6 +249,8 @@ def set_attention_implementation(model: nn.Module, implementation: str) -> None:
 class BertPreTrainedHead(nn.Module):
     """Shared base: builds `self.bert`, initialises every weight, counts parameters."""
 
+    encoder_frozen = False
+
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
@@ -259,6 +261,20 @@ class BertPreTrainedHead(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def freeze_encoder(self) -> None:
+        """Feature-based use (Devlin et al. §5.3): the encoder's weights get no gradient and it
+        stays in eval mode (no dropout), so the head learns on the pretrained model's own
+        features. Only the head's weights train."""
+        self.bert.requires_grad_(False)
+        self.encoder_frozen = True
+        self.bert.eval()
+
+    def train(self, mode: bool = True) -> BertPreTrainedHead:
+        super().train(mode)
+        if self.encoder_frozen:
+            self.bert.eval()
+        return self
 
 
 @dataclass
@@ -394,14 +410,42 @@ class TokenClassifierOutput:
     logits: Tensor  # (B, T, C)
 
 
-class BertForTokenClassification(BertPreTrainedHead):
-    """Per-token linear layer over the last hidden state (no pooler, as in transformers)."""
+class LayerFeatures(nn.Module):
+    """The hidden states a token head reads (config.features; Devlin et al. §5.3): one layer's,
+    several concatenated, or a learned weighted sum. hidden_states (L + 1) x (B, T, H) ->
+    (B, T, size)."""
 
-    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layers = config.feature_layers
+        self.combine = FEATURES[config.features][1]
+        k = len(self.layers)
+        self.size = config.hidden_size * (k if self.combine == "concat" else 1)
+        self.layer_weights = None
+        if self.combine == "sum":  # one scalar per layer, starting as the plain sum
+            self.layer_weights = nn.Parameter(torch.ones(k))
+
+    def forward(self, hidden_states: list[Tensor]) -> Tensor:
+        chosen = [hidden_states[i] for i in self.layers]
+        if self.layer_weights is not None:
+            return torch.einsum("k,kbth->bth", self.layer_weights, torch.stack(chosen))
+        return chosen[0] if len(chosen) == 1 else torch.cat(chosen, dim=-1)  # (B, T, k H)
+
+
+class BertForTokenClassification(BertPreTrainedHead):
+    """Per-token linear layer over the last hidden state (no pooler, as in transformers), or
+    over other layers' states (`features`, default config.features: "last")."""
+
+    def __init__(
+        self, config: BertConfig, num_labels: int | None = None, features: str | None = None
+    ) -> None:
+        if features is not None:
+            config = config.replace(features=features)
         super().__init__(config, add_pooling_layer=False)
         self.num_labels = num_labels or config.num_labels
+        self.features = LayerFeatures(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.classifier = nn.Linear(self.features.size, self.num_labels)
         self.post_init()
 
     def forward(
@@ -412,7 +456,7 @@ class BertForTokenClassification(BertPreTrainedHead):
         labels: Tensor | None = None,
     ) -> TokenClassifierOutput:
         """labels (B, T): tag ids, -100 where no loss (special tokens, later word pieces)."""
-        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        hidden = self.features(self.bert(input_ids, attention_mask, token_type_ids).hidden_states)
         logits = self.classifier(self.dropout(hidden))  # (B, T, C)
         loss = None
         if labels is not None:

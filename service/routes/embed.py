@@ -4,12 +4,14 @@ POST /v1/embeddings (OpenAI: `data[].embedding`, `usage`)."""
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 
 import numpy as np
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from service.errors import InputError
+from service.package import ModelPackage
 from service.routes._shape import ERRORS, as_list, chars, json_response
 from service.routes.deps import Inference, InferenceDep
 from service.schemas import (
@@ -23,10 +25,40 @@ from service.tasks import embed
 router = APIRouter(tags=["embeddings"])
 
 
+@dataclass(frozen=True)
+class Features:
+    """Which hidden states make the vector (Devlin et al. §5.3); None: the package's."""
+
+    output: str  # one of embed.LAYER_OUTPUTS' values
+    layers: list[int]
+    combine: str
+
+
+def _features(body: EmbedRequest, package: ModelPackage) -> Features | None:
+    """The request's layers / pooling, checked against what the package exports."""
+    pooling = body.pooling or package.pooling or "mean"  # read_package checks it is set
+    if body.layers is None and pooling == package.pooling:
+        return None  # the package's own embedding output
+    n_states = embed.hidden_states(package.outputs)
+    if n_states is None:
+        raise InputError(
+            f"model {package.name!r} has no hidden-state outputs, so `layers` and a `pooling` "
+            f"other than its own ({package.pooling}) cannot be served; export it with "
+            "`python -m training.export --task embedding --hidden-states`"
+        )
+    layers = body.layers if body.layers is not None else [-1]
+    embed.check_layers(layers, n_states)  # a 422 before any compute
+    return Features(embed.LAYER_OUTPUTS[pooling], layers, body.combine)
+
+
 async def _embed(
-    run: Inference, texts: list[str], normalize: bool, truncate: bool
+    run: Inference,
+    texts: list[str],
+    normalize: bool,
+    truncate: bool,
+    features: Features | None = None,
 ) -> tuple[np.ndarray, int]:
-    """(N, H) float32 vectors and the number of tokens they took."""
+    """(N, H) float32 vectors (N, F with layer features) and the number of tokens they took."""
     model = run.model
     run.check_sizes(texts)
     prepared = await run.tokenize(
@@ -35,9 +67,15 @@ async def _embed(
     )
     run.count(truncated=prepared.truncated)
     outputs = await run.run(prepared.sequences)
-    vectors = await run.postprocess(
-        lambda: embed.encode_post(np.stack([out["embeddings"] for out in outputs]), normalize),
-    )
+
+    def post() -> np.ndarray:
+        if features is None:
+            return embed.encode_post(np.stack([out["embeddings"] for out in outputs]), normalize)
+        states = np.stack([out[features.output] for out in outputs])  # (N, L + 1, H)
+        vectors = embed.combine_layers(states, features.layers, features.combine)
+        return embed.encode_post(vectors, normalize)
+
+    vectors = await run.postprocess(post)
     return vectors, run.tokens
 
 
@@ -47,7 +85,8 @@ async def embed_texts(body: EmbedRequest, run: InferenceDep) -> JSONResponse:
     model = run.use("embedding", body.model)
     texts, _ = as_list(body.inputs)
     normalize = model.package.normalize if body.normalize is None else body.normalize
-    vectors, _tokens = await _embed(run, texts, normalize, body.truncate)
+    features = _features(body, model.package)
+    vectors, _tokens = await _embed(run, texts, normalize, body.truncate, features)
     return json_response(vectors.tolist())
 
 

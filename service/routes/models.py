@@ -8,6 +8,7 @@ from service.registry import Entry
 from service.routes._shape import ERRORS
 from service.routes.deps import ApiKey, RegistryDep
 from service.schemas import Limits, ModelInfo, ModelsResponse
+from service.tasks import embed
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
 
@@ -25,6 +26,7 @@ def describe(entry: Entry) -> ModelInfo:
             "problem_type": p.problem_type,
             "pooling": p.pooling,
             "normalize": p.normalize if p.task == "embedding" else None,
+            "hidden_states": embed.hidden_states(p.outputs) if p.task == "embedding" else None,
             "max_seq_length": p.max_seq_length,
             "variant": entry.model.variant,
             "variants": sorted(p.variants),

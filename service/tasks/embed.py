@@ -6,9 +6,15 @@
 
 Pooling (mask-aware mean or CLS) happens inside the ONNX graph; normalisation is a per-request
 choice and happens here. Truncation is the classifier's: the same code, one place (`_text`).
+
+Layer features (Devlin et al. 2018 §5.3): a package exported with `--hidden-states` also
+outputs every layer's states pooled both ways, (L + 1, H) per input, embeddings output first;
+`combine_layers` picks layers from them (-1 the last, as Python indexes) and joins them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -16,10 +22,21 @@ from tokenizers import Tokenizer
 from service.errors import InputError
 from service.tasks._text import Prepared, encode_texts
 
-__all__ = ["EPS", "Prepared", "encode_post", "encode_pre"]
+__all__ = [
+    "EPS",
+    "LAYER_OUTPUTS",
+    "Prepared",
+    "combine_layers",
+    "encode_post",
+    "encode_pre",
+    "hidden_states",
+]
 
 # Same floor as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
 EPS = 1e-12
+# pooling -> the output holding every layer's states pooled that way (training.export writes it).
+LAYER_OUTPUTS = {"cls": "hidden_states_cls", "mean": "hidden_states_mean"}
+COMBINE = ("concat", "sum", "mean")
 
 
 def encode_pre(
@@ -43,3 +60,35 @@ def encode_post(embeddings: np.ndarray, normalize: bool) -> np.ndarray:
     # The norm in float64: fp16 graphs can hand back values whose squares overflow float16/32.
     norms = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
     return (x / np.maximum(norms, EPS)).astype(np.float32)
+
+
+def hidden_states(outputs: list[dict[str, Any]]) -> int | None:
+    """How many hidden states (L + 1) a package's outputs hold per pooling; None without."""
+    shapes = {o["name"]: o.get("shape", []) for o in outputs}
+    if not all(name in shapes for name in LAYER_OUTPUTS.values()):
+        return None
+    return int(shapes[LAYER_OUTPUTS["mean"]][1])
+
+
+def check_layers(layers: list[int], n_states: int) -> list[int]:
+    """Request indices -> indices into the n_states states; out of range is an InputError."""
+    bad = [i for i in layers if not -n_states <= i < n_states]
+    if bad:
+        raise InputError(
+            f"layers {bad} out of range: this model has {n_states} hidden states "
+            f"(0 the embeddings output, {n_states - 1} or -1 the last layer)"
+        )
+    return [i % n_states for i in layers]
+
+
+def combine_layers(states: np.ndarray, layers: list[int], combine: str) -> np.ndarray:
+    """states (N, L + 1, H) -> (N, k H) the k chosen layers concatenated in request order, or
+    (N, H) their sum or mean."""
+    chosen = states[:, check_layers(layers, states.shape[1])]  # (N, k, H)
+    if combine == "concat":
+        return chosen.reshape(len(chosen), -1)
+    if combine == "sum":
+        return chosen.sum(axis=1)
+    if combine == "mean":
+        return chosen.mean(axis=1)
+    raise ValueError(f"combine must be one of {COMBINE}, not {combine!r}")
