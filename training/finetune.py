@@ -14,6 +14,10 @@ extractive question answering or sentence embeddings.
     >>> result = finetune(FinetuneArgs(task="embedding", init=MINILM, train=..., out="runs/e"))
     >>> result.best_dir, result.best["metrics"]
 
+The loop is shared: training.distill runs it with its own student (`build`) and loss
+(`loss_fn`); everything else (data, optimizer, schedule, evaluation, checkpoints, export) is
+this module's.
+
 What lands in --out (only rank 0 writes):
     best/         best checkpoint by the evaluation's main metric (HF layout, id2label)
     last/         latest checkpoint + trainer_state.pt (optimizer, scaler, step, RNG) for --resume
@@ -41,6 +45,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -278,6 +283,10 @@ def make_optimizer(model: nn.Module, lr: float, weight_decay: float, d: Dist) ->
     return optimizer
 
 
+# (model, task, padded batch) -> the scalar loss of one step.
+LossFn = Callable[[nn.Module, str, dict[str, Tensor]], Tensor]
+
+
 def compute_loss(model: nn.Module, task: str, batch: dict[str, Tensor]) -> Tensor:
     if task == "embedding":
         # The batch holds the B anchors then the B positives: one forward pass for both
@@ -296,10 +305,11 @@ def train_step(
     scaler: torch.amp.GradScaler,
     args: FinetuneArgs,
     device: torch.device,
+    loss_fn: LossFn | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One optimizer step; returns the (detached) loss and the gradient norm before clipping."""
     with autocast(device, args.precision):
-        loss = compute_loss(model, task, batch)
+        loss = (loss_fn or compute_loss)(model, task, batch)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -457,19 +467,31 @@ def _check(args: FinetuneArgs, d: Dist) -> None:
         )
 
 
-def finetune(args: FinetuneArgs | argparse.Namespace | dict[str, Any]) -> FinetuneResult:
-    """Train, evaluate, keep the best checkpoint, optionally export. See the module docstring."""
+def finetune(
+    args: FinetuneArgs | argparse.Namespace | dict[str, Any],
+    *,
+    build: Callable[[FinetuneArgs, Path, list[str] | None], nn.Module] | None = None,
+    loss_fn: LossFn | None = None,
+) -> FinetuneResult:
+    """Train, evaluate, keep the best checkpoint, optionally export. See the module docstring.
+    build(args, source, labels) makes the model to train from `source` (args.init, or out/last
+    on --resume; default build_model); loss_fn replaces the head's own loss."""
     args = _as_args(args)
     d = setup_distributed(args.device)
     try:
         _check(args, d)
-        return _finetune(args, d)
+        return _finetune(args, d, build or build_model, loss_fn)
     finally:
         if d.owns_group:
             dist.destroy_process_group()
 
 
-def _finetune(args: FinetuneArgs, d: Dist) -> FinetuneResult:
+def _finetune(
+    args: FinetuneArgs,
+    d: Dist,
+    build: Callable[[FinetuneArgs, Path, list[str] | None], nn.Module],
+    loss_fn: LossFn | None,
+) -> FinetuneResult:
     t_start = time.perf_counter()
     args.max_seq_length = args.max_seq_length or DEFAULT_MAX_SEQ_LENGTH[args.task]
     out = Path(args.out)
@@ -486,7 +508,7 @@ def _finetune(args: FinetuneArgs, d: Dist) -> FinetuneResult:
     tokenizer = load_tokenizer(args.tokenizer or source)
     known = BertConfig.load(source).labels
     rows, labels, evaluator = prepare_data(args, tokenizer, known, d)
-    model = build_model(args, source, labels).to(d.device).train()
+    model = build(args, source, labels).to(d.device).train()
     pad_id = model.config.pad_token_id
 
     per_process = args.batch_size // d.world
@@ -624,7 +646,9 @@ def _finetune(args: FinetuneArgs, d: Dist) -> FinetuneResult:
             lr = get_lr(step, args.lr, warmup_steps, total_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss, grad_norm = train_step(model, args.task, batch, optimizer, scaler, args, d.device)
+            loss, grad_norm = train_step(
+                model, args.task, batch, optimizer, scaler, args, d.device, loss_fn
+            )
             step += 1
             done_in_epoch += 1
             if done_in_epoch == len(batches):
@@ -699,15 +723,9 @@ def _hardware(d: Dist) -> str:
 # --- command line ---------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> FinetuneArgs:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.finetune",
-        description=__doc__.split("\n\n")[0],
-        epilog="Defaults follow BERT's fine-tuning recipe (Devlin et al. 2018, appendix A.3, and "
-        "google-research/bert's run_classifier.py / run_squad.py). Writes best/, last/, "
-        "metrics.json, log.jsonl, curves.png (and package/ with --export) under --out.",
-    )
-    for f in dataclasses.fields(FinetuneArgs):
+def add_arguments(parser: argparse.ArgumentParser, fields: list[dataclasses.Field]) -> None:
+    """One --flag per dataclass field, its help and choices from the field's metadata."""
+    for f in fields:
         meta = dict(f.metadata)
         shown = f" (default {f.default})" if f.default not in (None, False) else ""
         kwargs: dict[str, Any] = {"help": meta.pop("help") + shown}
@@ -717,6 +735,17 @@ def parse_args(argv: list[str] | None = None) -> FinetuneArgs:
             kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
             kwargs.update(type=kind, default=f.default, **meta)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+
+
+def parse_args(argv: list[str] | None = None) -> FinetuneArgs:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.finetune",
+        description=__doc__.split("\n\n")[0],
+        epilog="Defaults follow BERT's fine-tuning recipe (Devlin et al. 2018, appendix A.3, and "
+        "google-research/bert's run_classifier.py / run_squad.py). Writes best/, last/, "
+        "metrics.json, log.jsonl, curves.png (and package/ with --export) under --out.",
+    )
+    add_arguments(parser, list(dataclasses.fields(FinetuneArgs)))
     return FinetuneArgs(**vars(parser.parse_args(argv)))
 
 
