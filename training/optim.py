@@ -10,17 +10,18 @@ from torch import nn
 
 
 def adamw(
-    model: nn.Module, lr: float, weight_decay: float, fused: bool = False
+    model: nn.Module, lr: float, weight_decay: float, fused: bool = False, beta2: float = 0.999
 ) -> torch.optim.AdamW:
     """Two groups: matrices and embeddings (dim >= 2) decay, biases and LayerNorm gains / shifts
     (dim < 2) do not. Decay pulls toward zero, which suits projections; a LayerNorm gain pulled
     toward 0 shrinks the normalised signal itself. BERT excluded "bias" and "LayerNorm" by name;
     dim < 2 picks the same tensors without relying on names (nanoGPT). `fused` (one kernel for
-    every tensor) pays off on GPUs only."""
+    every tensor) pays off on GPUs only. beta2: RoBERTa lowers it to 0.98 for stability at
+    large batches (Liu et al. 2019 §3.1)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     # betas (0.9, 0.999) and eps 1e-6 as BERT's AdamWeightDecayOptimizer (PyTorch's eps is 1e-8).
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6, fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, beta2), eps=1e-6, fused=fused)

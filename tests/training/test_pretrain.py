@@ -18,7 +18,15 @@ from training.checkpoint import load_model
 from training.config import BertConfig
 from training.model import BertForPreTraining
 from training.plots import read_log
-from training.pretrain import build_parser, flops_per_token, get_lr, main, parse_duration, pretrain
+from training.pretrain import (
+    build_parser,
+    flops_per_token,
+    get_lr,
+    main,
+    parse_args,
+    parse_duration,
+    pretrain,
+)
 from training.tokenizer import save_tokenizer, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +71,7 @@ def args_for(data: dict[str, Path], out: Path, *extra: str):
         f"--corpus {data['train']} --tokenizer {data['tokenizer']} --config {data['config']} "
         f"--max-seq-length 32 --batch-size 8 --cache-dir {data['cache']} --out {out} --no-progress"
     ).split()
-    return build_parser().parse_args([*argv, *extra])
+    return parse_args([*argv, *extra])
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -157,6 +165,30 @@ def test_albert_options_pretrain_with_sop_and_open_in_transformers(data, tmp_pat
     assert extra == pytest.approx(6 * E * H + head)
 
 
+def test_the_roberta_recipe_is_one_flag(data, tmp_path):
+    """Liu et al. 2019: MLM only, 8x the batch through accumulation at lr 7e-4, beta2 0.98;
+    an explicit flag still wins over the recipe."""
+    base = f"--corpus {data['train']} --tokenizer {data['tokenizer']} --out {tmp_path / 'r'}"
+    args = parse_args([*base.split(), "--steps", "1", "--recipe", "roberta"])
+    assert (args.objective, args.grad_accum, args.lr, args.adam_beta2) == ("mlm", 8, 7e-4, 0.98)
+    assert parse_args([*base.split(), "--steps", "1"]).objective == "mlm+nsp"  # BERT's
+    mine = parse_args([*base.split(), "--recipe", "roberta", "--steps", "1", "--lr", "1e-3"])
+    assert mine.lr == 1e-3 and mine.objective == "mlm"
+    albert = parse_args([*base.split(), "--recipe", "albert", "--steps", "1"])
+    assert (albert.objective, albert.config) == ("mlm+sop", "albert-base")
+
+    out = tmp_path / "roberta"
+    extra = (
+        f"--recipe roberta --steps 2 --grad-accum 2 --eval-batches 2 --eval-corpus {data['eval']}"
+    )
+    args = args_for(data, out, *extra.split())
+    result = pretrain(args)
+    assert "nsp_loss" not in result["train"] and "sop_loss" not in result["train"]
+    assert "nsp_accuracy" not in result["eval"]
+    saved = json.loads((out / "pretrain_args.json").read_text())
+    assert (saved["recipe"], saved["adam_beta2"], saved["grad_accum"]) == ("roberta", 0.98, 2)
+
+
 def test_a_time_budget_stops_the_run_and_decays_the_rate(data, tmp_path):
     result = pretrain(args_for(data, tmp_path / "timed", "--time-budget", "1.5s", "--warmup", "1"))
     assert result["step"] > 1
@@ -187,6 +219,7 @@ def test_help_teaches_with_commands(monkeypatch):
     assert "python -m training.pretrain --corpus" in text
     assert "torchrun --nproc_per_node" in text
     for flag in (
+        "--recipe",
         "--objective",
         "--whole-word-masking",
         "--time-budget",
