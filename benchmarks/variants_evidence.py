@@ -51,6 +51,7 @@ from benchmarks.pretrain_evidence import (  # noqa: E402
     VOCAB,
     finetune_sst2,
     hardware,
+    random_init,
 )
 from service.package import read_package  # noqa: E402
 from training.distill import DistillArgs, distill  # noqa: E402
@@ -79,8 +80,8 @@ def run_nsp(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
         out = work / ("pretrain-" + arm.split()[0].replace("+", "-").lower())
         argv = [
             "--corpus", *(str(CORPUS / c) for c in cli.corpus),
-            "--eval-corpus", str(CORPUS / HELD_OUT), "--tokenizer", str(VOCAB),
-            "--config", "mini", "--max-seq-length", "128", "--batch-size", str(cli.batch_size),
+            "--eval-corpus", str(CORPUS / HELD_OUT), "--tokenizer", cli.tokenizer,
+            "--config", cli.config, "--max-seq-length", "128", "--batch-size", str(cli.batch_size),
             "--lr", str(cli.lr), "--warmup", str(cli.warmup), "--time-budget", cli.budget,
             "--eval-every", str(cli.eval_every), "--eval-batches", str(cli.eval_batches),
             "--save-every", str(cli.eval_every), "--seed", str(cli.seed), "--out", str(out),
@@ -101,7 +102,17 @@ def run_nsp(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
             "eval": result["eval"],
             "sst2": finetune_sst2(out, work / f"sst2-{out.name}", cli),
         }
-    return {"budget": cli.budget, "arms": arms}
+    # The baseline every arm must beat: the same architecture and vocabulary, untrained.
+    first = work / ("pretrain-" + next(iter(PRETRAIN_ARMS)).split()[0].replace("+", "-").lower())
+    init = random_init(first, work / "random-init", cli.seed)
+    arms["no pretraining (random init)"] = {
+        "command": "BertForPreTraining(config) saved untrained",
+        "steps": 0,
+        "seconds": 0.0,
+        "eval": {},
+        "sst2": finetune_sst2(init, work / "sst2-random-init", cli),
+    }
+    return {"budget": cli.budget, "config": cli.config, "tokenizer": cli.tokenizer, "arms": arms}
 
 
 # --- distill: MiniLM teacher -> 3-layer student -------------------------------------------
@@ -142,12 +153,16 @@ def throughput(package_dir: Path, cli: argparse.Namespace) -> dict[str, Any]:
 
 def run_distill(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
     sst2 = {"train": str(DATA / "sst2" / "train.tsv"), "eval": str(DATA / "sst2" / "dev.tsv")}
-    teacher_args = FinetuneArgs(
-        task="classification", init=str(minilm()), out=str(work / "sst2-teacher"),
-        epochs=cli.epochs, export=True, **sst2, **finetune_args(cli),
-    )  # fmt: skip
-    print("[distill] teacher: training.finetune from all-MiniLM-L6-v2", flush=True)
-    teacher = finetune(teacher_args)
+    if cli.teacher:  # a teacher already fine-tuned with training.finetune (its run folder)
+        teacher, teacher_args = _finished_run(Path(cli.teacher), "classification"), None
+        print(f"[distill] teacher: {cli.teacher} (an earlier training.finetune run)", flush=True)
+    else:
+        teacher_args = FinetuneArgs(
+            task="classification", init=str(minilm()), out=str(work / "sst2-teacher"),
+            epochs=cli.epochs, export=True, **sst2, **finetune_args(cli),
+        )  # fmt: skip
+        print("[distill] teacher: training.finetune from all-MiniLM-L6-v2", flush=True)
+        teacher = finetune(teacher_args)
     student_args = DistillArgs(
         task="classification", teacher=str(teacher.best_dir), student_layers=3,
         out=str(work / "sst2-student"), epochs=cli.epochs, export=True, **sst2,
@@ -163,7 +178,7 @@ def run_distill(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
     t, s = speed["teacher"], speed["student"]
     return {
         "teacher": {"accuracy": teacher.best["metrics"].get("accuracy"), "layers": 6,
-                    "args": asdict(teacher_args)},
+                    "args": asdict(teacher_args) if teacher_args else {"run": cli.teacher}},
         "student": {"accuracy": student.best["metrics"].get("accuracy"), "layers": 3,
                     "from_teacher_layers": record["student_layers_from"],
                     "args": asdict(student_args)},
@@ -191,6 +206,15 @@ def run_features(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
         },
     }  # fmt: skip
     out = {}
+    if cli.finetuned_conll:  # the fine-tuning arm from an earlier training.finetune run
+        run = _finished_run(Path(cli.finetuned_conll), "token-classification")
+        summary = json.loads((run.out / "metrics.json").read_text())
+        out["fine-tuning (last layer)"] = {
+            "f1": run.best["metrics"].get("f1"),
+            "seconds": summary["train_seconds"] + summary.get("eval_seconds", 0.0),
+            "args": {"run": cli.finetuned_conll, **summary.get("args", {})},
+        }
+        del arms["fine-tuning (last layer)"]
     for arm, extra in arms.items():
         name = "conll-features" if extra else "conll-finetune"
         args = FinetuneArgs(
@@ -208,6 +232,27 @@ def run_features(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
+def _finished_run(out: Path, task: str) -> Any:
+    """An earlier training.finetune run folder, as finetune() would have returned it."""
+    from training.finetune import FinetuneResult
+
+    summary = json.loads((out / "metrics.json").read_text())
+    package = out / "package"
+    if not (package / "package.json").is_file():  # the throughput needs the served package
+        from training.export import export_package
+
+        export_package(out / "best", task, package)
+    return FinetuneResult(
+        out=out,
+        best_dir=out / "best",
+        package_dir=package,
+        best=summary["best"],
+        final=summary["final"],
+        steps=summary["steps"],
+        train_seconds=summary["train_seconds"],
+    )
+
+
 # --- the report ---------------------------------------------------------------------------
 
 
@@ -221,11 +266,13 @@ def markdown(report: dict[str, Any]) -> str:
     if report["smoke"]:
         lines.append("\n**Smoke run** (step limits or example caps): the figures are not evidence.")
     if "nsp" in report:
-        lines += ["", f"## MLM+NSP vs MLM only ({report['nsp']['budget']} pretraining each)", "",
+        n = report["nsp"]
+        lines += ["", f"## MLM+NSP vs MLM only ({n['budget']} pretraining each, "
+                  f"BERT-{n.get('config', 'mini')}, tokenizer {n.get('tokenizer', 'bert-base-uncased')})", "",
                   "| pretraining | steps | held-out MLM accuracy | SST-2 dev accuracy |",
                   "|---|---|---|---|"]  # fmt: skip
         for arm, r in report["nsp"]["arms"].items():
-            mlm = r["eval"].get("mlm_accuracy", float("nan"))
+            mlm = r["eval"].get("mlm_accuracy", float("nan")) if r["eval"] else float("nan")
             lines.append(f"| {arm} | {r['steps']} | {mlm:.3f} | {r['sst2']['accuracy']:.1f} |")
     if "distill" in report:
         d = report["distill"]
@@ -258,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     g = p.add_argument_group("nsp: pretraining")
     g.add_argument("--budget", default="30m", help="pretraining time per arm (90s, 30m, 2h)")
     g.add_argument("--corpus", nargs="+", default=TRAIN_TEXT, help="folders under corpus/")
+    g.add_argument("--config", choices=("tiny", "mini", "small"), default="mini")
+    g.add_argument(
+        "--tokenizer",
+        default=str(VOCAB),
+        help="vocab.txt / tokenizer.json, or train:N (a WordPiece vocabulary trained on the corpus)",
+    )
     g.add_argument("--batch-size", type=int, default=32)
     g.add_argument("--lr", type=float, default=5e-4, help="peak lr of the BERT and MLM arms")
     g.add_argument("--warmup", type=int, default=200)
@@ -271,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--finetune-steps", type=int, default=0, help="cap every run (0: epochs)")
     g.add_argument("--max-train-examples", type=int, help="first N training examples (smoke)")
     g.add_argument("--max-eval-examples", type=int, help="first N evaluation examples (smoke)")
+    g.add_argument("--teacher", help="distill: an earlier SST-2 training.finetune run folder")
+    g.add_argument(
+        "--finetuned-conll", help="features: an earlier CoNLL training.finetune run folder"
+    )
     g = p.add_argument_group("distill: throughput")
     g.add_argument("--concurrency", type=int, default=32, help="served: closed-loop clients")
     g.add_argument("--serve-duration", type=float, default=20.0, help="seconds per measurement")
