@@ -21,6 +21,7 @@ Results go to benchmarks/results/finetune_quality.{json,md}; checkpoints to --wo
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import time
@@ -109,6 +110,7 @@ def run_one(name: str, init: Path, work: Path, cli: argparse.Namespace) -> dict:
         eval=str(DATA / spec["eval"]),
         out=str(work / name),
         max_steps=cli.max_steps,
+        max_train_examples=cli.max_train_examples,
         max_eval_examples=cli.max_eval_examples,
         precision=cli.precision,
         **(spec["args"] | ({"epochs": cli.epochs[name]} if name in cli.epochs else {})),
@@ -166,7 +168,7 @@ def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
         f"Hardware: {hardware}. Produced by `python benchmarks/finetune_quality.py`.",
     ]
     if smoke:
-        lines.append("**Smoke run** (--max-steps / --max-eval-examples set): not quality figures.")
+        lines.append("**Smoke run** (--max-steps set): not quality figures.")
     lines += [
         "",
         "| run | train -> eval | metric | fine-tuned | target | other figures | steps | time |",
@@ -182,6 +184,13 @@ def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
         if "untuned" in r:
             others.append(f"untuned: spearman {r['untuned']:.2f}")
         value = "n/a" if r["value"] is None else f"{r['value']:.2f}"
+        subset = [
+            f"first {r['args'][k]:,} {what} examples"
+            for k, what in (("max_train_examples", "train"), ("max_eval_examples", "eval"))
+            if r["args"].get(k)
+        ]
+        epochs = f"{r['args']['epochs']} epoch{'s' if r['args']['epochs'] > 1 else ''}"
+        others.append(", ".join([epochs, *subset]))
         target = "report" if r["target"] is None else f">= {r['target']}"
         minutes = f"{r['seconds'] / 60:.1f} min"
         lines.append(
@@ -202,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-steps", type=int, default=0, help="smoke test: stop each run after N steps"
     )
     p.add_argument(
-        "--max-eval-examples", type=int, default=None, help="smoke test: evaluate on N examples"
+        "--max-train-examples", type=int, default=None, help="train on the first N examples"
+    )
+    p.add_argument(
+        "--max-eval-examples", type=int, default=None, help="evaluate on the first N examples"
     )
     p.add_argument(
         "--epochs",
@@ -224,11 +236,15 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.is_available()
         else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     )
-    rows = []
+    smoke = bool(cli.max_steps)
+    results = cli.results / "finetune_quality.json"
+    # Runs can be made one at a time: the rows of the runs not made now are kept.
+    earlier = json.loads(results.read_text()) if results.is_file() and not smoke else {}
+    rows = [r for r in earlier.get("runs", []) if r["run"] not in cli.runs]
     cli.results.mkdir(parents=True, exist_ok=True)
     for name in cli.runs:
         rows.append(run_one(name, init, cli.work, cli))
-        smoke = bool(cli.max_steps or cli.max_eval_examples)
+        rows.sort(key=lambda r: list(RUNS).index(r["run"]))
         report = {"hardware": hardware, "smoke": smoke, "init": str(init), "runs": rows}
         write_json(cli.results / "finetune_quality.json", report)
         (cli.results / "finetune_quality.md").write_text(markdown(rows, hardware, smoke))

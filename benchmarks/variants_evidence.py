@@ -260,8 +260,12 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# BERT variants: evidence",
         "",
-        f"Hardware: {report['hardware']}. Produced by `python benchmarks/variants_evidence.py "
-        f"{' '.join(report['argv'])}`.",
+        f"Hardware: {report['hardware']}. Produced by:",
+        "",
+        *(
+            f"- {name}: `python benchmarks/variants_evidence.py {' '.join(args)}`"
+            for name, args in report["argv"].items()
+        ),
     ]
     if report["smoke"]:
         lines.append("\n**Smoke run** (step limits or example caps): the figures are not evidence.")
@@ -277,7 +281,10 @@ def markdown(report: dict[str, Any]) -> str:
     if "distill" in report:
         d = report["distill"]
         ratio = d["student_over_teacher"]
+        cap = d["student"]["args"].get("max_train_examples")
         lines += ["", "## Distillation: MiniLM SST-2 teacher -> 3-layer student", "",
+                  f"Student: {d['student']['args'].get('epochs')} epoch(s) of distillation on "
+                  + (f"the first {cap:,} SST-2 train sentences." if cap else "SST-2 train."), "",
                   "| model | layers | SST-2 dev accuracy | raw seq/s | served seq/s |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for name in ("teacher", "student"):
@@ -341,13 +348,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {DATA} is absent (../shared/data beside the repository)", file=sys.stderr)
         return 2
 
-    report: dict[str, Any] = {
-        "hardware": hardware(),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "smoke": bool(cli.finetune_steps or cli.max_train_examples or cli.max_eval_examples),
-    }
+    smoke = bool(cli.finetune_steps)  # example caps are recorded with each experiment
+    results = cli.results / "variants_evidence.json"
     runs = {"nsp": run_nsp, "distill": run_distill, "features": run_features}
+    # Experiments can be run one invocation at a time: the others' results are kept.
+    earlier = json.loads(results.read_text()) if results.is_file() and not smoke else {}
+    report: dict[str, Any] = {k: v for k, v in earlier.items() if k in runs and k not in cli.runs}
+    report["argv"] = earlier.get("argv", {}) if isinstance(earlier.get("argv"), dict) else {}
+    report |= {"hardware": hardware(), "smoke": smoke}
     for name in cli.runs:
+        report["argv"][name] = sys.argv[1:] if argv is None else argv
         report[name] = runs[name](cli, cli.work)
         cli.results.mkdir(parents=True, exist_ok=True)  # written after each: partial results
         write_json(cli.results / "variants_evidence.json", report)
