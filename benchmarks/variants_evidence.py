@@ -22,6 +22,9 @@ features  CoNLL-2003 (eng.train -> eng.testa) from MiniLM: full fine-tuning agai
           a linear head where the paper had a BiLSTM), entity F1.
 
 Results: benchmarks/results/variants_evidence.{json,md}; checkpoints and packages under --work.
+The committed nsp run used `--config tiny --tokenizer runs/tok8k/tokenizer.json`, an uncased
+8,000-entry WordPiece vocabulary trained on the same corpus files (training.tokenizer's
+train_tokenizer then save_tokenizer); `--tokenizer train:8000` instead trains one in each arm.
 """
 
 from __future__ import annotations
