@@ -38,12 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training import finetune as ft
-from training.checkpoint import CheckpointError, load_model
+from training.checkpoint import load_model
 from training.data.batch import IGNORE
-from training.data.records import DataError
 from training.evaluate import DEFAULT_MAX_SEQ_LENGTH, make_evaluator, torch_runner
 from training.model import HEADS
-from training.tokenizer import TokenizerError, load_tokenizer
+from training.tokenizer import load_tokenizer
 
 TASKS = ("classification", "token-classification", "question-answering")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -276,16 +275,7 @@ def record_teacher(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        result = distill(args)
-    except (DataError, CheckpointError, TokenizerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if result.package_dir:
-        print(f"package: {result.package_dir}")
-    print(f"best checkpoint: {result.best_dir}")
-    return 0
+    return ft.run_cli(distill, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -749,10 +749,10 @@ def parse_args(argv: list[str] | None = None) -> FinetuneArgs:
     return FinetuneArgs(**vars(parser.parse_args(argv)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_cli(train: Callable[[Any], FinetuneResult], args: Any) -> int:
+    """The command-line ending of finetune and distill: bad input is one line and exit 2."""
     try:
-        result = finetune(args)
+        result = train(args)
     except (DataError, CheckpointError, TokenizerError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -760,6 +760,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"package: {result.package_dir}")
     print(f"best checkpoint: {result.best_dir}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(finetune, parse_args(argv))
 
 
 if __name__ == "__main__":
