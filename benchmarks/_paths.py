@@ -37,5 +37,9 @@ def portable(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(portable(value), indent=2) + "\n")
+def write_results(folder: Path, stem: str, value: Any, markdown: str) -> Path:
+    """folder/stem.json (portable paths) and folder/stem.md; returns the Markdown's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(portable(value), indent=2) + "\n")
+    (folder / f"{stem}.md").write_text(markdown)
+    return folder / f"{stem}.md"

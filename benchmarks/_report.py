@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks._paths import write_json
+from benchmarks._paths import write_results
 
 REFERENCE_CONCURRENCY = 32  # "served throughput" in the targets is measured here
 
@@ -62,10 +62,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def write(result: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"]
-    write_json(paths[0], result)
-    paths[1].write_text(markdown(result, paths[2].name))
+    write_results(out_dir, stem, result, markdown(result, paths[2].name))
     plot(result, paths[2])
     return paths
 

@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._paths import write_json  # noqa: E402
+from benchmarks._paths import write_results  # noqa: E402
 from training.checkpoint import load_model, sha256, weights_file  # noqa: E402
 from training.evaluate import make_evaluator, torch_runner  # noqa: E402
 from training.finetune import FinetuneArgs, finetune  # noqa: E402
@@ -241,13 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     # Runs can be made one at a time: the rows of the runs not made now are kept.
     earlier = json.loads(results.read_text()) if results.is_file() and not smoke else {}
     rows = [r for r in earlier.get("runs", []) if r["run"] not in cli.runs]
-    cli.results.mkdir(parents=True, exist_ok=True)
     for name in cli.runs:
         rows.append(run_one(name, init, cli.work, cli))
         rows.sort(key=lambda r: list(RUNS).index(r["run"]))
         report = {"hardware": hardware, "smoke": smoke, "init": str(init), "runs": rows}
-        write_json(cli.results / "finetune_quality.json", report)
-        (cli.results / "finetune_quality.md").write_text(markdown(rows, hardware, smoke))
+        write_results(cli.results, "finetune_quality", report, markdown(rows, hardware, smoke))
     print((cli.results / "finetune_quality.md").read_text())
     return 0
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data
-from benchmarks._paths import write_json
+from benchmarks._paths import write_results
 from training.checkpoint import load_model, save_model
 from training.config import BertConfig
 from training.export import export_package
@@ -115,9 +115,7 @@ def _worst(parity: dict) -> str:
 
 
 def write_report(rows: list[dict], results: Path) -> None:
-    results.mkdir(parents=True, exist_ok=True)
     host = f"{platform.machine()}, {os.cpu_count()} CPUs"
-    write_json(results / "export.json", {"host": host, "packages": rows})
     lines = [
         "# Export: time, sizes, parity, fusion",
         "",
@@ -135,7 +133,7 @@ def write_report(rows: list[dict], results: Path) -> None:
         parity = "<br>".join(f"{v}: {_worst(p)}" for v, p in r["parity"].items())
         fused = ", ".join(f"{op} {n}" for op, n in r["fused_ops"].items())
         lines.append(f"| {r['package']} | {r['export_seconds']} | {sizes} | {parity} | {fused} |")
-    (results / "export.md").write_text("\n".join(lines) + "\n")
+    write_results(results, "export", {"host": host, "packages": rows}, "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

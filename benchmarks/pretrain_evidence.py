@@ -39,7 +39,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._paths import write_json  # noqa: E402
+from benchmarks._paths import write_results  # noqa: E402
 from training.checkpoint import save_model  # noqa: E402
 from training.config import BertConfig  # noqa: E402
 from training.finetune import FinetuneArgs, finetune  # noqa: E402
@@ -300,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("--throughput needs a GPU: skipped", file=sys.stderr)
 
-    cli.results.mkdir(parents=True, exist_ok=True)
-    write_json(cli.results / "pretrain_evidence.json", report)
-    (cli.results / "pretrain_evidence.md").write_text(markdown(report))
-    print((cli.results / "pretrain_evidence.md").read_text())
+    print(write_results(cli.results, "pretrain_evidence", report, markdown(report)).read_text())
     return 0
 
 

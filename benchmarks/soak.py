@@ -40,7 +40,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._paths import write_json
+from benchmarks._paths import write_results
 from benchmarks._server import REPO, Server, _wait_ready, free_port
 from tests.service.traffic import INFERENCE, PROBES, assert_same, percentile
 
@@ -243,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     text = markdown(report)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / ("soak" + (f"-{args.tag}" if args.tag else ""))
-    write_json(stem.with_suffix(".json"), report)
-    stem.with_suffix(".md").write_text(text)
+    write_results(args.out, "soak" + (f"-{args.tag}" if args.tag else ""), report, text)
     return 0 if report["verdict"]["passed"] else 1
 
 

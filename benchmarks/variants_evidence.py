@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import _engine, _load, _server  # noqa: E402
 from benchmarks._data import workload  # noqa: E402
-from benchmarks._paths import write_json  # noqa: E402
+from benchmarks._paths import write_results  # noqa: E402
 from benchmarks.finetune_quality import minilm  # noqa: E402
 from benchmarks.pretrain_evidence import (  # noqa: E402
     CORPUS,
@@ -58,7 +58,8 @@ from benchmarks.pretrain_evidence import (  # noqa: E402
 )
 from service.package import read_package  # noqa: E402
 from training.distill import DistillArgs, distill  # noqa: E402
-from training.finetune import FinetuneArgs, finetune  # noqa: E402
+from training.export import export_package  # noqa: E402
+from training.finetune import FinetuneArgs, FinetuneResult, finetune  # noqa: E402
 from training.pretrain import parse_args as pretrain_args  # noqa: E402
 from training.pretrain import pretrain  # noqa: E402
 
@@ -237,13 +238,9 @@ def run_features(cli: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def _finished_run(out: Path, task: str) -> Any:
     """An earlier training.finetune run folder, as finetune() would have returned it."""
-    from training.finetune import FinetuneResult
-
     summary = json.loads((out / "metrics.json").read_text())
     package = out / "package"
     if not (package / "package.json").is_file():  # the throughput needs the served package
-        from training.export import export_package
-
         export_package(out / "best", task, package)
     return FinetuneResult(
         out=out,
@@ -362,9 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in cli.runs:
         report["argv"][name] = sys.argv[1:] if argv is None else argv
         report[name] = runs[name](cli, cli.work)
-        cli.results.mkdir(parents=True, exist_ok=True)  # written after each: partial results
-        write_json(cli.results / "variants_evidence.json", report)
-        (cli.results / "variants_evidence.md").write_text(markdown(report))
+        # written after each experiment: an interrupted run leaves its partial results
+        write_results(cli.results, "variants_evidence", report, markdown(report))
     print((cli.results / "variants_evidence.md").read_text())
     return 0
 
