@@ -11,7 +11,7 @@ The gap between the two SST-2 dev accuracies is what pretraining bought.
 Pretraining: `training.pretrain --config mini --objective mlm+nsp --max-seq-length 128` on every
 corpus file but WikiText-2 (Gutenberg, the public-domain books, Tiny Shakespeare: 4.0 M tokens
 with the bert-base-uncased vocabulary), WikiText-2 valid held out for the MLM / NSP figures.
-The device is the GPU when there is one (bf16 autocast), else the CPU.
+The device is the GPU when there is one (bf16 autocast), else the CPU (fp32, or --precision bf16).
 
 Fine-tuning: `training.finetune --task classification` on SST-2 train -> dev, the same arguments
 for both starting points (AdamW, lr 1e-4 as Turc et al. use for the small BERTs, batch 32,
@@ -45,7 +45,12 @@ from training.config import BertConfig  # noqa: E402
 from training.finetune import FinetuneArgs, finetune  # noqa: E402
 from training.model import BertForPreTraining  # noqa: E402
 from training.plots import read_log  # noqa: E402
-from training.pretrain import build_parser, pretrain  # noqa: E402
+from training.pretrain import (  # noqa: E402
+    add_precision_option,
+    bf16_autocast,
+    build_parser,
+    pretrain,
+)
 from training.tokenizer import load_tokenizer  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
@@ -97,6 +102,8 @@ def pretrain_model(cli: argparse.Namespace, out: Path) -> dict:
         str(out),
         "--seed",
         str(cli.seed),
+        "--precision",
+        cli.precision,
     ]
     if (out / "trainer_state.pt").is_file():
         argv.append("--resume")  # an interrupted benchmark continues where it stopped
@@ -136,7 +143,8 @@ def finetune_sst2(init: Path, out: Path, cli: argparse.Namespace) -> dict:
         max_steps=cli.finetune_steps,
         max_eval_examples=cli.max_eval_examples,
         seed=cli.seed,
-        precision="bf16" if torch.cuda.is_available() else "fp32",
+        precision=cli.precision,
+        group_by_length=True,
     )
     print(f"fine-tuning SST-2 from {init}", flush=True)
     t0 = time.perf_counter()
@@ -268,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-eval-examples", type=int, help="evaluate SST-2 on the first N (smoke)")
     p.add_argument("--seed", type=int, default=0)
+    add_precision_option(p)  # both stages: pretraining and the SST-2 fine-tuning
     p.add_argument("--throughput", action="store_true", help="also measure base on the GPU")
     p.add_argument("--throughput-batch", type=int, default=128)
     p.add_argument("--throughput-steps", type=int, default=60)
@@ -275,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=REPO / "runs" / "pretrain_evidence")
     p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     cli = p.parse_args(argv)
+    cli.precision = "bf16" if bf16_autocast(cli.precision, torch.cuda.is_available()) else "fp32"
     if not CORPUS.is_dir():
         print(f"error: {CORPUS} is absent (../shared/data beside the repository)", file=sys.stderr)
         return 2

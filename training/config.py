@@ -88,6 +88,11 @@ class BertConfig:
     # Token classification: the hidden states its classifier reads (FEATURES). Not a
     # transformers field: transformers would run a non-"last" head over the last layer.
     features: str = "last"
+    # Sequence classification: what the classifier reads. "cls" is BERT's (the pooler over
+    # [CLS]); "mean" averages the last hidden states of the real tokens, which suits encoders
+    # tuned for mean-pooled sentence embeddings (all-MiniLM-L6-v2). Not a transformers field
+    # either: its BertForSequenceClassification would read the pooler whatever this says.
+    classifier_pooling: str = "cls"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -101,6 +106,10 @@ class BertConfig:
             raise ConfigError(f"problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
         if self.features not in FEATURES:
             raise ConfigError(f"features {self.features!r} is not one of {', '.join(FEATURES)}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(
+                f"classifier_pooling {self.classifier_pooling!r} is not one of cls, mean"
+            )
         if min(self.feature_layers) < 0:
             raise ConfigError(
                 f"features {self.features!r} needs more than {self.num_hidden_layers} layers"
@@ -163,7 +172,7 @@ class BertConfig:
                 continue
             if f.name in ("problem_type", "embedding_size") and value is None:
                 continue
-            if f.name == "features" and value == "last":
+            if (f.name, value) in (("features", "last"), ("classifier_pooling", "cls")):
                 continue
             if f.name == "share_layers":  # AlbertConfig's terms: groups of layers sharing weights
                 if self.model_type == "albert":

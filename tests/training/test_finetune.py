@@ -171,13 +171,37 @@ def test_tiny_end_to_end_run(task, shared_data, bert_vocab_init, tmp_path):
     assert from_package == pytest.approx(summary["best"]["metrics"][metric], abs=1e-3)
 
 
+def test_grouping_by_length_keeps_every_row_once_and_pads_less():
+    rng = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 400, (1000,), generator=rng).tolist()
+    rows = list(range(len(lengths)))
+    sampler = ft.DistributedSampler(rows, num_replicas=1, rank=0, shuffle=True, seed=7)
+
+    def padded(batches):  # tokens a batch pads to, summed: what compute is spent on
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    for epoch in (0, 1):
+        plain = ft.epoch_batches(sampler, epoch, 8)
+        grouped = ft.epoch_batches(sampler, epoch, 8, lengths)
+        assert sorted(i for b in grouped for i in b) == rows  # every row, once
+        assert [len(b) for b in grouped] == [len(b) for b in plain]
+        assert padded(grouped) < 0.7 * padded(plain)
+        assert grouped == ft.epoch_batches(sampler, epoch, 8, lengths)  # what --resume needs
+        # still shuffled: the longest batch is not always first, nor lengths in order
+        means = [sum(lengths[i] for i in b) / len(b) for b in grouped]
+        assert means != sorted(means) and means != sorted(means, reverse=True)
+    assert ft.epoch_batches(sampler, 0, 8, lengths) != ft.epoch_batches(sampler, 1, 8, lengths)
+
+
 # --- resume and bad input (tiny vocabulary, no ../shared) -------------------------------
 
 
+@pytest.mark.parametrize("group", [False, True], ids=["shuffled", "grouped-by-length"])
 def test_resume_after_interruption_repeats_the_uninterrupted_run(
-    init, sentiment, tmp_path, monkeypatch
+    init, sentiment, tmp_path, monkeypatch, group
 ):
     args = FinetuneArgs(
+        group_by_length=group,
         task="classification",
         init=str(init),
         train=str(sentiment),
@@ -331,6 +355,14 @@ def _mixed_precision_run(init, sentiment, out, precision: str):
     model = load_model(result.best_dir, task="classification")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     return result
+
+
+def test_grouping_is_refused_for_embeddings_whose_batch_holds_the_negatives(init, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"anchor": "a cat", "positive": "a kitten"}\n' * 4)
+    args = FinetuneArgs(task="embedding", init=str(init), train=str(pairs), out=str(tmp_path / "o"))
+    with pytest.raises(ValueError, match="--group-by-length is not for embedding"):
+        finetune(ft.dataclasses.replace(args, group_by_length=True))
 
 
 def test_bf16_autocast_trains_on_cpu(init, sentiment, tmp_path):

@@ -132,6 +132,39 @@ def test_embedding_does_not_change_with_padding(tiny_config, pooling):
     assert torch.allclose(alone.norm(dim=-1), torch.ones(1))
 
 
+def test_mean_pooled_classification_reads_the_real_tokens_and_round_trips(
+    tiny_config, batch, tmp_path
+):
+    from training.checkpoint import load_model, load_state_dict_file, save_model
+    from training.config import ConfigError
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config, pooling="mean").eval()
+    assert model.bert.pooler is None  # unused, so not built
+    out = model(**batch).logits
+    hidden = model.bert(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    expected = model.classifier((hidden * mask).sum(1) / mask.sum(1))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    # padding changes nothing: the shortest row alone gives its logits
+    n = int(batch["attention_mask"][2].sum())
+    alone = model(**{k: v[2:, :n] for k, v in batch.items()}).logits
+    torch.testing.assert_close(alone[0], out[2], atol=1e-6, rtol=0)
+    cls = BertForSequenceClassification(tiny_config).eval()
+    cls.load_state_dict(model.state_dict(), strict=False)
+    assert not torch.allclose(cls(**batch).logits, out)  # the [CLS] pooler reads otherwise
+
+    save_model(model, tmp_path / "m")
+    assert not any(
+        k.startswith(("pooler", "bert.pooler")) for k in load_state_dict_file(tmp_path / "m")
+    )
+    again = load_model(tmp_path / "m", task="classification")
+    assert again.config.classifier_pooling == "mean"
+    torch.testing.assert_close(again(**batch).logits, out, atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="classifier_pooling 'max'"):
+        tiny_config.replace(classifier_pooling="max")
+
+
 def test_embedding_rejects_unknown_pooling(tiny_config):
     with pytest.raises(ValueError, match="pooling must be"):
         BertForEmbedding(tiny_config, pooling="max")

@@ -140,6 +140,19 @@ def test_the_other_objectives_train(data, tmp_path, objective, second_loss):
     assert load_model(out, "pretraining") is not None
 
 
+def test_bf16_autocast_on_the_cpu_trains_and_saves_fp32_weights(data, tmp_path, capsys):
+    out = tmp_path / "bf16"
+    extra = "--steps 60 --lr 2e-3 --warmup 5 --log-every 10 --precision bf16"
+    pretrain(args_for(data, out, *extra.split()))
+    shown = capsys.readouterr()
+    assert "bf16 autocast" in shown.out + shown.err
+    rows = train_rows(out)
+    assert all(torch.isfinite(torch.tensor(r["mlm_loss"])) for r in rows)
+    assert rows[-1]["mlm_loss"] < rows[0]["mlm_loss"] - 0.2
+    weights = load_model(out, "pretraining").state_dict()
+    assert {t.dtype for t in weights.values() if t.is_floating_point()} == {torch.float32}
+
+
 def test_albert_options_pretrain_with_sop_and_open_in_transformers(data, tmp_path):
     """ALBERT's recipe: factorised embeddings, shared layers, sentence-order prediction."""
     transformers = pytest.importorskip("transformers")
