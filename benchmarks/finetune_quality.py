@@ -214,8 +214,8 @@ def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
             for k, what in (("max_train_examples", "train"), ("max_eval_examples", "eval"))
             if r["args"].get(k)
         ]
-        epochs = f"{r['args']['epochs']} epoch{'s' if r['args']['epochs'] > 1 else ''}"
         a = r["args"]
+        epochs = f"{a['epochs']} epoch{'s' if a['epochs'] > 1 else ''}"
         recipe = [f"batch {a['batch_size']}", f"lr {a['lr']:g}", a.get("precision", "fp32")]
         if a.get("group_by_length"):
             recipe.append("grouped by length")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.package import POOLINGS
+
 # (layers, hidden): Turc et al. 2019, "Well-Read Students Learn Better" (tiny..medium) and
 # Devlin et al. 2018 (base, large). Heads = hidden / 64, FFN = 4 * hidden, as in both papers.
 PRESETS: dict[str, tuple[int, int]] = {
@@ -106,9 +108,9 @@ class BertConfig:
             raise ConfigError(f"problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
         if self.features not in FEATURES:
             raise ConfigError(f"features {self.features!r} is not one of {', '.join(FEATURES)}")
-        if self.classifier_pooling not in ("cls", "mean"):
+        if self.classifier_pooling not in POOLINGS:
             raise ConfigError(
-                f"classifier_pooling {self.classifier_pooling!r} is not one of cls, mean"
+                f"classifier_pooling {self.classifier_pooling!r} is not one of {', '.join(POOLINGS)}"
             )
         if min(self.feature_layers) < 0:
             raise ConfigError(

@@ -59,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
+from service.package import POOLINGS
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.config import FEATURES, BertConfig
 from training.data.batch import collate
@@ -88,6 +89,7 @@ from training.plots import plot_curves, read_log, write_log_row
 from training.tokenizer import TokenizerError, load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
+POOLED_TASKS = ("embedding", "classification")  # the heads --pooling chooses for
 
 
 def _arg(default: Any, help: str, **argparse_kwargs: Any) -> Any:
@@ -181,7 +183,7 @@ class FinetuneArgs:
         "mean); classification: what the classifier reads, cls (BERT's pooler, the default) or "
         "mean (the real tokens' last hidden states, for encoders tuned with mean pooling such "
         "as all-MiniLM-L6-v2); saved in config.json as classifier_pooling",
-        choices=("mean", "cls"),
+        choices=POOLINGS,
     )
     freeze_encoder: bool = _arg(
         False,
@@ -386,7 +388,7 @@ def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None
     head_args: dict[str, Any] = {}
     if labels is not None:
         head_args["labels"] = labels
-    if args.task in ("embedding", "classification") and args.pooling:
+    if args.task in POOLED_TASKS and args.pooling:
         head_args["pooling"] = args.pooling
     if args.features:
         head_args["features"] = args.features
@@ -490,8 +492,8 @@ def _check(args: FinetuneArgs, d: Dist) -> None:
         raise ValueError(f"--batch-size {args.batch_size} does not split over {d.world} processes")
     if args.features and args.task != "token-classification":
         raise ValueError("--features is for token-classification (per-token layer features)")
-    if args.pooling and args.task not in ("embedding", "classification"):
-        raise ValueError("--pooling is for embedding and classification")
+    if args.pooling and args.task not in POOLED_TASKS:
+        raise ValueError(f"--pooling is for {' and '.join(POOLED_TASKS)}")
     if args.group_by_length and args.task == "embedding":
         raise ValueError(
             "--group-by-length is not for embedding: the batch's other pairs are the negatives"

@@ -400,8 +400,6 @@ class BertForSequenceClassification(BertPreTrainedHead):
     ) -> SequenceClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if self.config.classifier_pooling == "mean":
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
             pooled = pool(out.last_hidden_state, attention_mask, "mean")
         else:
             pooled = out.pooler_output
@@ -522,11 +520,14 @@ class EmbeddingOutput:
     loss: Tensor | None = None
 
 
-def pool(hidden: Tensor, attention_mask: Tensor, pooling: str) -> Tensor:
-    """(B, T, H) -> (B, H). 'mean' averages real tokens only (padding masked out)."""
+def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
+    """(B, T, H) -> (B, H). 'mean' averages real tokens only (padding masked out; no mask:
+    every token is real)."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "mean":
+        if attention_mask is None:
+            return hidden.mean(1)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     raise ValueError(f"pooling must be 'mean' or 'cls', not {pooling!r}")
@@ -549,8 +550,6 @@ class BertForEmbedding(BertPreTrainedHead):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> EmbeddingOutput:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
         emb = pool(hidden, attention_mask, self.pooling)
         if self.normalize:
