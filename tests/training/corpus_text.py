@@ -48,3 +48,24 @@ def write_corpus(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
     return path
+
+
+CHAIN = tuple(c + v for c in "bdfgk" for v in "aeiou")  # 25 words, one token each
+
+
+def write_chain_corpus(path: Path, documents: int, seed: int = 0) -> Path:
+    """Sentences that walk a fixed cycle of 25 made-up words from a random start ("Ko ku ba be
+    bi."): each word names its neighbours, while no word is much more frequent than another.
+    A masked word is nearly certain from context and nearly a guess without it."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for _ in range(documents):
+        sentences = []
+        for _ in range(rng.randint(2, 5)):
+            start, n = rng.randrange(len(CHAIN)), rng.randint(5, 10)
+            words = " ".join(CHAIN[(start + i) % len(CHAIN)] for i in range(n))
+            sentences.append(words.capitalize() + ".")
+        paragraphs.append(" ".join(sentences))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(paragraphs) + "\n", encoding="utf-8")
+    return path
