@@ -55,11 +55,11 @@ from training.finetune import FinetuneArgs, finetune  # noqa: E402
 from training.model import BertForPreTraining  # noqa: E402
 from training.plots import read_log  # noqa: E402
 from training.pretrain import (  # noqa: E402
-    EVAL_SEED,
     Run,
     add_precision_option,
     bf16_autocast,
     build_parser,
+    held_out_batches,
     make_streams,
     pretrain,
 )
@@ -140,18 +140,12 @@ def unigram_baseline(args: argparse.Namespace, out: Path) -> dict:
     """What MLM scores without context: every masked token predicted from the pretraining
     corpus's token frequencies (add-half smoothed), over the very batches and masks the
     held-out evaluation uses. Below its loss, the model has learned something from context."""
-    args.eval_corpus = args.eval_corpus or []
     tokenizer = load_tokenizer(out / "tokenizer.json")
     train, held_out = make_streams(args, Run("cpu"), tokenizer, corpus_files(args.corpus))
     counts = np.bincount(np.asarray(train.corpus.tokens), minlength=tokenizer.get_vocab_size())
     log_p = np.log((counts + 0.5) / (counts + 0.5).sum())
-    held_out.epoch, held_out.position = 0, 0
-    held_out.generator.manual_seed(EVAL_SEED)
-    targets = []
-    for _ in range(min(args.eval_batches, held_out.batches_per_epoch)):
-        labels = held_out.next_batch()["labels"]
-        targets.append(labels[labels != -100].numpy())
-    chosen = np.concatenate(targets)
+    labels = [b["labels"] for b in held_out_batches(held_out, args.eval_batches)]
+    chosen = np.concatenate([y[y != -100].numpy() for y in labels])
     return {
         "mlm_loss": float(-log_p[chosen].mean()),
         "mlm_accuracy": float((chosen == log_p.argmax()).mean()),

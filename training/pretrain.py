@@ -48,6 +48,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -513,18 +514,25 @@ def get_config(args: argparse.Namespace, tokenizer: Tokenizer) -> BertConfig:
 
 
 @torch.no_grad()
+def held_out_batches(stream: PretrainingStream, batches: int) -> Iterator[dict[str, torch.Tensor]]:
+    """The evaluation's first `batches` batches (at most one pass), the same pairs and masks
+    every time: the stream is rewound to its start and its masking reseeded."""
+    stream.epoch, stream.position = 0, 0
+    stream.generator.manual_seed(EVAL_SEED)
+    for _ in range(min(batches, stream.batches_per_epoch)):
+        yield stream.next_batch()
+
+
 def evaluate(
     model: BertForPreTraining, stream: PretrainingStream, batches: int, run: Run, autocast: Any
 ) -> dict[str, float]:
     """MLM loss and accuracy over the chosen tokens, NSP/SOP accuracy over the pairs, always on
-    the same batches and masks (the stream is rewound to its start)."""
-    stream.epoch, stream.position = 0, 0
-    stream.generator.manual_seed(EVAL_SEED)
+    the same batches and masks (held_out_batches)."""
     was_training = model.training
     model.eval()
     mlm_loss = mlm_correct = chosen = nsp_correct = pairs = 0.0
-    for _ in range(min(batches, stream.batches_per_epoch)):
-        batch = {k: v.to(run.device) for k, v in stream.next_batch().items()}
+    for held_out in held_out_batches(stream, batches):
+        batch = {k: v.to(run.device) for k, v in held_out.items()}
         with autocast:
             out = model(**batch)
         targets = batch["labels"][batch["labels"] != -100]
