@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from service.package import ModelPackage
-from service.tasks import Sequence, classify, embed, ner, qa
-from service.tasks._text import load_tokenizer
+from service.rows import Sequence, load_tokenizer
+from service.tasks import classify, embed, ner, qa
 from training.data.classification import read_classification
 from training.data.squad import read_squad
 from training.data.token_classification import read_tagged

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from service.batcher import pad
+from service.rows import Sequence, pad
 from service.runtime import CPU, OrtBackend
-from service.tasks import Sequence
 
 
 def open_session(model_path: Path, threads: int, spinning: bool) -> OrtBackend:

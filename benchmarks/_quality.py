@@ -24,8 +24,8 @@ from benchmarks._data import SST2_LABELS, Item
 from benchmarks._engine import feeds_for, open_session
 from service.package import ModelPackage
 from service.registry import sequence_outputs
-from service.tasks import Outputs, Sequence, embed, qa
-from service.tasks._text import load_tokenizer
+from service.rows import Outputs, Sequence, load_tokenizer
+from service.tasks import embed, qa
 from training.data.pairs import ScoredPair, read_pairs
 from training.metrics import spearman
 

@@ -25,13 +25,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
 from prometheus_client import Counter
 
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import ModelMetrics
+from service.rows import Outputs, Sequence, pad
 from service.runtime import Backend
-from service.tasks import Outputs, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -94,24 +93,6 @@ class _Request:
     def __post_init__(self) -> None:
         self.results = [None] * len(self.rows)
         self.unfinished = self.queued = len(self.rows)
-
-
-def pad(rows: list[Sequence], pad_token_id: int = 0) -> dict[str, np.ndarray]:
-    """Rows -> int64 feeds (B, T), T = longest row; attention_mask 1 on real tokens."""
-    longest = max(len(row) for row in rows)
-    input_ids = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
-    token_type_ids = np.zeros((len(rows), longest), dtype=np.int64)
-    attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
-    for k, row in enumerate(rows):
-        n = len(row)
-        input_ids[k, :n] = row.input_ids
-        token_type_ids[k, :n] = row.token_type_ids
-        attention_mask[k, :n] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": token_type_ids,
-    }
 
 
 def grow_batch(

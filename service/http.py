@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
 from service.metrics import INFERENCE_ENDPOINTS, Metrics
+from service.rows import InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         return error_response(request, exc.status, exc.message, exc.error_type, exc.headers)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid_input(request: Request, exc: InvalidInput) -> JSONResponse:
+        return error_response(request, 422, str(exc), "validation")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -21,13 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.contract import MANIFEST, POOLINGS, PROBLEM_TYPES, TASKS, TOKENIZER, VARIANTS
+
 FORMAT_VERSION = 1
-TASKS = ("classification", "token-classification", "question-answering", "embedding")
-PROBLEM_TYPES = ("single_label", "multi_label", "regression")
-POOLINGS = ("mean", "cls")
-VARIANTS = ("fp32", "int8", "fp16")
-MANIFEST = "package.json"
-TOKENIZER = "tokenizer.json"
 REQUIRED = (
     "format",
     "name",

@@ -24,22 +24,18 @@ from typing import Literal
 from tokenizers import Tokenizer
 
 from service.batcher import Admission, Batcher, pad
+from service.contract import OUTPUT_NAMES
 from service.errors import InputError, ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.package import ModelPackage, find_packages, read_package
+from service.rows import encode, load_tokenizer, row, special_ids
 from service.runtime import Backend, open_backend, warm_up
 from service.settings import Settings
-from service.tasks._text import encode, load_tokenizer, row, special_ids
 
 log = logging.getLogger(__name__)
 
 # The output names each head's post-processing reads; checked at load, not at the first request.
-REQUIRED_OUTPUTS = {
-    "classification": {"logits"},
-    "token-classification": {"logits"},
-    "question-answering": {"start_logits", "end_logits"},
-    "embedding": {"embeddings"},
-}
+REQUIRED_OUTPUTS = {task: set(names) for task, names in OUTPUT_NAMES.items()}
 
 
 @dataclass

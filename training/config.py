@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.package import POOLINGS
+from service.contract import HF_PROBLEM_TYPES, POOLINGS
 
 # (layers, hidden): Turc et al. 2019, "Well-Read Students Learn Better" (tiny..medium) and
 # Devlin et al. 2018 (base, large). Heads = hidden / 64, FFN = 4 * hidden, as in both papers.
@@ -47,7 +47,7 @@ ALBERT = dict(
 )
 PRESET_OPTIONS: dict[str, dict[str, Any]] = {"albert-base": ALBERT, "albert-large": ALBERT}
 
-PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+PROBLEM_TYPES = tuple(HF_PROBLEM_TYPES)  # Hugging Face config.json spelling
 # Feature-based token classification (Devlin et al. 2018 §5.3): which hidden states the
 # classifier reads, as (indices into the L + 1 states, 0 = embeddings; how to combine them).
 # Table 7, CoNLL-2003 dev F1 of frozen BERT-base features under a 2-layer BiLSTM, in comments.

@@ -31,9 +31,11 @@ from tokenizers import Tokenizer
 from torch import nn
 from tqdm.auto import tqdm
 
-from service.batcher import pad as pad_sequences
-from service.tasks import Outputs, Sequence, qa
-from service.tasks._text import encode_texts
+from service.contract import OUTPUT_NAMES as TASK_OUTPUTS
+from service.contract import TASKS
+from service.rows import Outputs, Sequence, encode_texts
+from service.rows import pad as pad_sequences
+from service.tasks import qa
 from training.data.batch import IGNORE
 from training.data.classification import encode_classification, read_classification
 from training.data.pairs import ScoredPair, TextPair, read_pairs
@@ -42,7 +44,6 @@ from training.data.squad import QAExample, prepare, read_squad
 from training.data.token_classification import TaggedSentence, encode_tagged, read_tagged
 from training.metrics import classification_scores, ner_scores, spearman, squad_scores
 
-TASKS = ("classification", "token-classification", "question-answering", "embedding")
 # google-research/bert: run_classifier.py max_seq_length 128; run_squad.py 384 / doc_stride 128
 # / max_answer_length 30. Token classification and embeddings use 128 as well.
 DEFAULT_MAX_SEQ_LENGTH = {
@@ -58,7 +59,7 @@ DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # One padded batch of feeds (input_ids, attention_mask, token_type_ids: (B, T) int64) ->
 # outputs by name: logits (B, C) or (B, T, C), start_logits / end_logits (B, T), embeddings (B, H).
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-OUTPUT_NAMES = ("logits", "start_logits", "end_logits", "embeddings")
+OUTPUT_NAMES = tuple(dict.fromkeys(n for names in TASK_OUTPUTS.values() for n in names))
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.package:
-        from service.tasks._text import load_tokenizer as load_package_tokenizer
+        from service.rows import load_tokenizer as load_package_tokenizer
 
         runner, package = onnx_runner(args.package, args.variant)
         task, labels = args.task or package.task, package.labels

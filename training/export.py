@@ -54,24 +54,24 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from service.package import TASKS, ModelPackage, write_package
+from service.contract import (
+    HF_PROBLEM_TYPES,
+    HIDDEN_STATE_OUTPUTS,
+    INPUT_NAMES,
+    OUTPUT_NAMES,
+    TASKS,
+    VARIANT_FILES,
+)
+from service.package import ModelPackage, write_package
 from training.checkpoint import CheckpointError, load_model
 from training.model import BertSelfAttention, pool, set_attention_implementation
 from training.tokenizer import TokenizerError, do_lower_case, load_tokenizer
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUT_NAMES = {
-    "classification": ("logits",),
-    "token-classification": ("logits",),
-    "question-answering": ("start_logits", "end_logits"),
-    "embedding": ("embeddings",),
-}
 # --hidden-states (embedding): every layer's states pooled both ways, (B, L + 1, H) each, for
 # the feature-based use of Devlin et al. §5.3 (/embed `layers`, `pooling`). Pooled in the
 # graph: token states of every layer would move L + 1 times the last layer's (B, T, H) out
 # of ONNX Runtime per batch, and /embed only ever answers pooled vectors.
-HIDDEN_STATE_OUTPUTS = {"cls": "hidden_states_cls", "mean": "hidden_states_mean"}
-FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+FILES = VARIANT_FILES
 FP32_TOLERANCE = 1e-4  # max abs diff, ORT fp32 vs PyTorch; float32 reordering stays near 1e-6
 PROBE_SHAPES = ((1, 7), (3, 7), (1, 64), (3, 64))  # (batch, sequence); sequence capped at max
 FUSED_OPS = (  # what ORT's BERT optimizer can produce; counted in package.json source.fusion
@@ -87,11 +87,6 @@ FUSED_OPS = (  # what ORT's BERT optimizer can produce; counted in package.json 
 # VNNI it moved the mean cosine by 0.001. EmbedLayerNormalization / Gather are quantised too:
 # no accuracy cost measured, and the file shrinks to 1/4 of fp32 instead of 2/3.
 INT8_OPS = ["MatMul", "Attention", "EmbedLayerNormalization", "Gather"]
-PROBLEM_TYPES = {
-    "single_label_classification": "single_label",
-    "multi_label_classification": "multi_label",
-    "regression": "regression",
-}
 
 
 class ExportError(Exception):
@@ -330,7 +325,7 @@ def task_metadata(
         labels = config.labels if config.labels and len(config.labels) == n else None
         labels = labels or [f"LABEL_{i}" for i in range(n)]
     if task == "classification":
-        problem_type = PROBLEM_TYPES[model.problem_type]
+        problem_type = HF_PROBLEM_TYPES[model.problem_type]
     if task == "embedding":
         pooling = pooling or getattr(model, "pooling", "mean")
         normalize = getattr(model, "normalize", True) if normalize is None else normalize

@@ -59,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
-from service.package import POOLINGS
+from service.contract import POOLED_TASKS, POOLINGS
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.config import FEATURES, BertConfig
 from training.data.batch import collate
@@ -89,7 +89,6 @@ from training.plots import plot_curves, read_log, write_log_row
 from training.tokenizer import TokenizerError, load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
-POOLED_TASKS = ("embedding", "classification")  # the heads --pooling chooses for
 
 
 def _arg(default: Any, help: str, **argparse_kwargs: Any) -> Any:

@@ -14,9 +14,9 @@ from fastapi import Depends, Request
 from service.errors import PayloadTooLarge, Unauthorized
 from service.http import ClientGone
 from service.registry import LoadedModel, Registry
+from service.rows import Outputs
+from service.rows import Sequence as Row
 from service.settings import Settings
-from service.tasks import Outputs
-from service.tasks import Sequence as Row
 
 T = TypeVar("T")
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks._text import Prepared, TextInput, encode_texts
+from service.rows import InvalidInput, Prepared, TextInput, encode_texts
 
 __all__ = ["FUNCTIONS", "Prepared", "default_function", "encode_post", "encode_pre"]
 
@@ -87,9 +86,9 @@ def encode_post(
         raise ValueError(f"logits {logits.shape} do not match {len(labels)} labels")
     function = function_to_apply or default_function(problem_type, len(labels))
     if function.lower() not in FUNCTIONS:
-        raise InputError(f"function_to_apply must be one of {FUNCTIONS}, not {function!r}")
+        raise InvalidInput(f"function_to_apply must be one of {FUNCTIONS}, not {function!r}")
     if top_k is not None and top_k < 1:
-        raise InputError(f"top_k must be at least 1, not {top_k}")
+        raise InvalidInput(f"top_k must be at least 1, not {top_k}")
     scores = _apply(function.lower(), logits)
     # A stable sort on -score keeps label order among ties, as the pipeline's sort does.
     order = np.argsort(-scores, axis=-1, kind="stable")[:, :top_k]

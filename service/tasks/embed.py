@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks._text import Prepared, encode_texts
+from service.contract import HIDDEN_STATE_OUTPUTS
+from service.rows import InvalidInput, Prepared, encode_texts
 
 __all__ = [
     "EPS",
@@ -35,7 +35,7 @@ __all__ = [
 # Same floor as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
 EPS = 1e-12
 # pooling -> the output holding every layer's states pooled that way (training.export writes it).
-LAYER_OUTPUTS = {"cls": "hidden_states_cls", "mean": "hidden_states_mean"}
+LAYER_OUTPUTS = HIDDEN_STATE_OUTPUTS
 COMBINE = ("concat", "sum", "mean")
 
 
@@ -43,10 +43,10 @@ def encode_pre(
     tokenizer: Tokenizer, texts: list[str], max_seq_length: int, truncate: bool = True
 ) -> Prepared:
     """One row `[CLS] text [SEP]` per text; too long -> truncated (counted) or, with
-    `truncate=False`, an InputError."""
+    `truncate=False`, an InvalidInput."""
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise InputError(f"inputs[{i}]: expected a string")
+            raise InvalidInput(f"inputs[{i}]: expected a string")
     return encode_texts(tokenizer, list(texts), max_seq_length, truncate)
 
 
@@ -71,10 +71,10 @@ def hidden_states(outputs: list[dict[str, Any]]) -> int | None:
 
 
 def check_layers(layers: list[int], n_states: int) -> list[int]:
-    """Request indices -> indices into the n_states states; out of range is an InputError."""
+    """Request indices -> indices into the n_states states; out of range is an InvalidInput."""
     bad = [i for i in layers if not -n_states <= i < n_states]
     if bad:
-        raise InputError(
+        raise InvalidInput(
             f"layers {bad} out of range: this model has {n_states} hidden states "
             f"(0 the embeddings output, {n_states - 1} or -1 the last layer)"
         )

@@ -34,9 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks import Outputs, Sequence
-from service.tasks._text import Tokens, encode, row, special_ids, windows
+from service.rows import InvalidInput, Outputs, Sequence, Tokens, encode, row, special_ids, windows
 
 __all__ = ["STRATEGIES", "Prepared", "Window", "encode_post", "encode_pre", "token_scores"]
 
@@ -195,7 +193,7 @@ def encode_post(
     """
     strategy = aggregation_strategy.lower()
     if strategy not in STRATEGIES:
-        raise InputError(
+        raise InvalidInput(
             f"aggregation_strategy must be one of {STRATEGIES}, not {aggregation_strategy!r}"
         )
     ignore = {"O"} if ignore_labels is None else set(ignore_labels)

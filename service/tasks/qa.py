@@ -20,7 +20,7 @@ Differences, on purpose: a list is returned also for top_k=1 (the pipeline retur
 only valid spans are returned, so fewer than top_k answers come back when the context has fewer
 spans (the pipeline pads with zero-score spans that can be empty or reversed); a question that
 leaves no room for context, an empty context, or a doc_stride too large for the room left, is an
-InputError (the tokenizer would raise); `max_question_len` refuses longer questions rather than
+InvalidInput (the tokenizer would raise); `max_question_len` refuses longer questions rather than
 cut them (the fast pipeline ignores it).
 """
 
@@ -31,9 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks import Outputs, Sequence
-from service.tasks._text import encode, row, special_ids, windows
+from service.rows import InvalidInput, Outputs, Sequence, encode, row, special_ids, windows
 
 __all__ = ["Prepared", "Window", "decode_spans", "encode_post", "encode_pre", "span_probs"]
 
@@ -95,21 +93,21 @@ def encode_pre(
     q = encode(tokenizer, question)
     c = encode(tokenizer, context)
     if len(c) == 0:
-        raise InputError("context is empty: it has no tokens to answer from")
+        raise InvalidInput("context is empty: it has no tokens to answer from")
     if max_question_len is not None and len(q) > max_question_len:
-        raise InputError(
+        raise InvalidInput(
             f"question is {len(q)} tokens long, more than max_question_len {max_question_len}"
         )
     room = max_seq_len - len(q) - 3
     if room < 1:
-        raise InputError(
+        raise InvalidInput(
             f"question is too long for max_seq_len {max_seq_len}: its {len(q)} tokens leave "
             "no room for the context"
         )
     if doc_stride < 0:
-        raise InputError(f"doc_stride must be >= 0, not {doc_stride}")
+        raise InvalidInput(f"doc_stride must be >= 0, not {doc_stride}")
     if len(c) > room and doc_stride >= room:
-        raise InputError(
+        raise InvalidInput(
             f"doc_stride ({doc_stride}) must be smaller than the {room} context tokens that fit "
             f"in a window beside the question; lower doc_stride or raise max_seq_len"
         )
@@ -184,9 +182,9 @@ def encode_post(
     """Window outputs -> up to `top_k` answers {"answer", "score", "start", "end"}, best first;
     start / end are character offsets into the context and answer == context[start:end]."""
     if top_k < 1:
-        raise InputError(f"top_k must be at least 1, not {top_k}")
+        raise InvalidInput(f"top_k must be at least 1, not {top_k}")
     if max_answer_len < 1:
-        raise InputError(f"max_answer_len must be at least 1, not {max_answer_len}")
+        raise InvalidInput(f"max_answer_len must be at least 1, not {max_answer_len}")
     if len(outputs) != len(prepared.windows):
         raise ValueError(f"{len(outputs)} outputs for {len(prepared.windows)} windows")
     # Word alignment can map several token spans onto one answer, so the pipeline looks past

@@ -13,7 +13,7 @@ import pytest
 from service.batcher import Admission, Batcher, grow_batch, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
-from service.tasks import Sequence
+from service.rows import Sequence
 
 pytestmark = pytest.mark.anyio
 

@@ -10,11 +10,10 @@ import onnxruntime as ort
 import pytest
 
 from service import runtime
-from service.batcher import pad
 from service.package import read_package
+from service.rows import Sequence, pad
 from service.runtime import choose_variant, open_backend, warm_up
 from service.settings import Settings
-from service.tasks import Sequence
 
 
 @pytest.fixture(scope="module")

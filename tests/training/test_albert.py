@@ -12,12 +12,13 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from service.contract import INPUT_NAMES
 from tests.packages import tiny_tokenizer
 from tests.training.conftest import TINY
 from training import albert_layout
 from training.checkpoint import load_model, save_model
 from training.config import BertConfig, ConfigError
-from training.export import INPUT_NAMES, export_package
+from training.export import export_package
 from training.model import (
     HEADS,
     BertForPreTraining,

@@ -15,10 +15,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from service.contract import OUTPUT_NAMES
 from service.package import ModelPackage, read_package
 from tests.packages import build_tiny_package, tiny_model, tiny_tokenizer
 from training import export
-from training.export import OUTPUT_NAMES, ExportError, export_package, main
+from training.export import ExportError, export_package, main
 from training.model import BertSelfAttention, set_attention_implementation
 
 TASKS = list(OUTPUT_NAMES)
@@ -329,9 +330,8 @@ def test_minilm_package_matches_sentence_transformers(
     minilm_package: ModelPackage, minilm_path: Path, shared_data: Path
 ) -> None:
     st = pytest.importorskip("sentence_transformers")
-    from service.batcher import pad
+    from service.rows import load_tokenizer, pad
     from service.tasks import embed
-    from service.tasks._text import load_tokenizer
 
     pkg = minilm_package
     assert (pkg.pooling, pkg.normalize, pkg.max_seq_length, pkg.do_lower_case) == (

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service.batcher import pad as pad_sequences  # the service's padding: one definition
+from service.rows import pad as pad_sequences  # the service's padding: one definition
 
 IGNORE = -100
 

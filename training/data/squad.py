@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import InputError
+from service.rows import InvalidInput
 from service.tasks import qa
 from training.data.records import DataError, existing, require_rows
 
@@ -90,7 +90,7 @@ def prepare(
     """The service's windows for one example; its refusals name the example."""
     try:
         return qa.encode_pre(tokenizer, e.question, e.context, max_seq_length, doc_stride)
-    except InputError as err:
+    except InvalidInput as err:
         raise DataError(f"{e.where}: {err.message}") from None
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.tasks import Sequence
-from service.tasks._text import row, special_ids
+from service.rows import Sequence, row, special_ids
 from training.data.records import JSONL, DataError, existing, field, read_records, require_rows
 from training.metrics import to_iob2
 

@@ -19,8 +19,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from service.tasks import Outputs, Sequence
-from service.tasks._text import prepare_tokenizer
+from service.rows import Outputs, Sequence, prepare_tokenizer
 
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.errors import InputError
+from service.rows import InvalidInput, longest_first, prepare_tokenizer, special_ids
 from service.tasks import classify
-from service.tasks._text import longest_first, prepare_tokenizer, special_ids
 from tests.service.tasks.conftest import as_lists, forward, sst2_sentences
 
 # --- encode_pre -----------------------------------------------------------------------------
@@ -38,7 +37,7 @@ def test_truncation_is_counted_and_can_be_refused(toy_tokenizer: Tokenizer) -> N
     assert [len(s) for s in prepared.sequences] == [4, 16, 16]
     assert prepared.truncated == 2
     with pytest.raises(
-        InputError, match=r"inputs\[1\] is 32 tokens long, more than max_seq_length 16"
+        InvalidInput, match=r"inputs\[1\] is 32 tokens long, more than max_seq_length 16"
     ):
         classify.encode_pre(toy_tokenizer, ["a cat", long_text], 16, truncate=False)
     # an input that fits exactly is not truncated
@@ -46,7 +45,7 @@ def test_truncation_is_counted_and_can_be_refused(toy_tokenizer: Tokenizer) -> N
 
 
 def test_bad_inputs_and_unsafe_tokenizers_are_refused(toy_tokenizer: Tokenizer) -> None:
-    with pytest.raises(InputError, match=r"inputs\[0\]"):
+    with pytest.raises(InvalidInput, match=r"inputs\[0\]"):
         classify.encode_pre(toy_tokenizer, [("a", "b", "c")], 16)  # type: ignore[list-item]
     padded = Tokenizer.from_str(toy_tokenizer.to_str())
     padded.enable_padding(length=32)
@@ -115,9 +114,9 @@ def test_sigmoid_is_stable_and_bad_requests_are_input_errors() -> None:
     logits = np.array([[-1000.0, 1000.0]], dtype=np.float32)
     scores = classify.encode_post(logits, ["a", "b"], "multi_label", top_k=None)[0]
     assert [s["score"] for s in scores] == [1.0, 0.0]
-    with pytest.raises(InputError, match="function_to_apply"):
+    with pytest.raises(InvalidInput, match="function_to_apply"):
         classify.encode_post(logits, ["a", "b"], "single_label", "tanh")
-    with pytest.raises(InputError, match="top_k"):
+    with pytest.raises(InvalidInput, match="top_k"):
         classify.encode_post(logits, ["a", "b"], "single_label", top_k=0)
     with pytest.raises(ValueError, match="labels"):
         classify.encode_post(logits, ["a"], "single_label")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.errors import InputError
+from service.rows import InvalidInput
 from service.tasks import classify, embed
 from tests.service.tasks.conftest import as_lists, sst2_sentences
 
@@ -24,10 +24,10 @@ def test_rows_and_truncation_are_the_classifiers(toy_tokenizer: Tokenizer) -> No
     assert ours.truncated == 1
     assert as_lists(ours.sequences[:2]) == [toy_tokenizer.encode(t).ids for t in texts[:2]]
     with pytest.raises(
-        InputError, match=r"inputs\[2\] is 32 tokens long, more than max_seq_length 16"
+        InvalidInput, match=r"inputs\[2\] is 32 tokens long, more than max_seq_length 16"
     ):
         embed.encode_pre(toy_tokenizer, texts, 16, truncate=False)
-    with pytest.raises(InputError, match=r"inputs\[0\]: expected a string"):
+    with pytest.raises(InvalidInput, match=r"inputs\[0\]: expected a string"):
         embed.encode_pre(toy_tokenizer, [("a", "b")], 16)  # type: ignore[list-item]
 
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks import Outputs, ner
-from service.tasks._text import encode
+from service.rows import InvalidInput, Outputs, encode
+from service.tasks import ner
 from tests.service.tasks.conftest import NER_LABELS, as_lists, conll_sentences, forward
 
 STRATEGIES = ["none", "simple", "first", "average", "max"]
@@ -104,7 +103,7 @@ def test_grouping_by_b_and_i_tags(toy_tokenizer: Tokenizer) -> None:
     assert spans(
         ner.encode_post(prepared, outputs, NER_LABELS, "simple", ignore_labels=["O", "LOC"])
     ) == [("PER", 4, 8)]
-    with pytest.raises(InputError, match="aggregation_strategy"):
+    with pytest.raises(InvalidInput, match="aggregation_strategy"):
         ner.encode_post(prepared, outputs, NER_LABELS, "longest")
 
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.errors import InputError
-from service.tasks import Outputs, qa
-from service.tasks._text import encode
+from service.rows import InvalidInput, Outputs, encode
+from service.tasks import qa
 from tests.service.tasks.conftest import as_lists, forward, squad_pairs
 
 CONTEXT = "the cats sat on the mat in new york city. paris is in france."
@@ -64,19 +63,21 @@ def test_word_spans_stop_at_the_window_edge(toy_tokenizer: Tokenizer) -> None:
 
 @pytest.mark.parametrize("context", ["", "   ", "\n\x07"])
 def test_a_context_without_tokens_is_an_input_error(toy_tokenizer: Tokenizer, context: str) -> None:
-    with pytest.raises(InputError, match="context is empty"):
+    with pytest.raises(InvalidInput, match="context is empty"):
         qa.encode_pre(toy_tokenizer, "where", context)
 
 
 def test_questions_and_strides_that_leave_no_room(toy_tokenizer: Tokenizer) -> None:
     question = " ".join(["is the cat sat"] * 5)  # 20 tokens
-    with pytest.raises(InputError, match="question is too long for max_seq_len 23: its 20 tokens"):
+    with pytest.raises(
+        InvalidInput, match="question is too long for max_seq_len 23: its 20 tokens"
+    ):
         qa.encode_pre(toy_tokenizer, question, CONTEXT, max_seq_len=23)
     with pytest.raises(
-        InputError, match=r"doc_stride \(4\) must be smaller than the 4 context tokens"
+        InvalidInput, match=r"doc_stride \(4\) must be smaller than the 4 context tokens"
     ):
         qa.encode_pre(toy_tokenizer, question, CONTEXT, max_seq_len=27, doc_stride=4)
-    with pytest.raises(InputError, match="max_question_len 8"):
+    with pytest.raises(InvalidInput, match="max_question_len 8"):
         qa.encode_pre(toy_tokenizer, question, CONTEXT, max_question_len=8)
     # a context that fits needs no stride at all
     assert not qa.encode_pre(
@@ -164,7 +165,7 @@ def test_the_null_answer_competes_only_when_asked(toy_tokenizer: Tokenizer) -> N
     null, *rest = qa.encode_post(prepared, outputs, top_k=2, handle_impossible_answer=True)
     assert (null["answer"], null["start"], null["end"]) == ("", 0, 0)
     assert null["score"] > rest[0]["score"]
-    with pytest.raises(InputError, match="top_k"):
+    with pytest.raises(InvalidInput, match="top_k"):
         qa.encode_post(prepared, outputs, top_k=0)
 
 

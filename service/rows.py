@@ -1,6 +1,8 @@
-"""Text -> model rows, shared by every head: one encoding path, the BERT row layout
+"""Text -> model rows, the one public numpy-only module both the service and `training/` use:
+the row type (`Sequence`), padding (`pad`), one encoding path, the BERT row layout
 `[CLS] A [SEP] (B [SEP])`, and the truncation and windowing rules of Hugging Face fast
-tokenizers, reproduced by hand.
+tokenizers, reproduced by hand. It imports numpy and `tokenizers` only: no ONNX Runtime, no
+HTTP, no metrics, so a fine-tuning run that pads its batches pulls in none of those.
 
 Why by hand: `Tokenizer.enable_truncation` / `enable_padding` mutate a tokenizer that all
 request threads share, and a request's `max_seq_len` or `doc_stride` would race. So each text
@@ -20,8 +22,52 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.errors import InputError
-from service.tasks import Sequence
+from service.contract import INPUT_NAMES
+
+
+class InvalidInput(ValueError):
+    """An input that cannot be made into rows as asked (too long with truncation off, not a
+    string or a pair). The service answers it with a 422; training readers name the record."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """One unpadded model input row. `pad` pads rows and builds the attention mask.
+
+    input_ids, token_type_ids: (L,) int64.
+    """
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+# What a model run hands back for one Sequence: output name -> array with the batch axis
+# removed and, for per-token outputs, the padding cut off: logits (C,) or (L, C),
+# start_logits / end_logits (L,), embeddings (H,).
+Outputs = dict[str, np.ndarray]
+
+
+def pad(rows: list[Sequence], pad_token_id: int = 0) -> dict[str, np.ndarray]:
+    """Rows -> int64 feeds (B, T), T = longest row; attention_mask 1 on real tokens."""
+    longest = max(len(row) for row in rows)
+    input_ids = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
+    token_type_ids = np.zeros((len(rows), longest), dtype=np.int64)
+    attention_mask = np.zeros((len(rows), longest), dtype=np.int64)
+    for k, row in enumerate(rows):
+        n = len(row)
+        input_ids[k, :n] = row.input_ids
+        token_type_ids[k, :n] = row.token_type_ids
+        attention_mask[k, :n] = 1
+    feeds = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": token_type_ids,
+    }
+    return {name: feeds[name] for name in INPUT_NAMES}
+
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
@@ -45,7 +91,7 @@ def special_ids(tokenizer: Tokenizer) -> tuple[int, int]:
     if tokenizer.padding is not None or tokenizer.truncation is not None:
         raise ValueError(
             "the tokenizer pads or truncates by itself; pass it through "
-            "service.tasks._text.prepare_tokenizer once at load time"
+            "service.rows.prepare_tokenizer once at load time"
         )
     cls_id, sep_id = tokenizer.token_to_id(CLS_TOKEN), tokenizer.token_to_id(SEP_TOKEN)
     if cls_id is None or sep_id is None:
@@ -151,7 +197,7 @@ def encode_texts(
     tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
 ) -> Prepared:
     """Single texts or (a, b) pairs -> one row each, cut to `max_seq_length` (longest_first for
-    pairs). With `truncate=False` an input that does not fit is an InputError instead."""
+    pairs). With `truncate=False` an input that does not fit is an InvalidInput instead."""
     cls_id, sep_id = special_ids(tokenizer)
     flat: list[str] = []
     for i, x in enumerate(inputs):
@@ -160,7 +206,7 @@ def encode_texts(
         elif isinstance(x, tuple | list) and len(x) == 2 and all(isinstance(s, str) for s in x):
             flat.extend(x)
         else:
-            raise InputError(f"inputs[{i}]: expected a string or a pair of two strings")
+            raise InvalidInput(f"inputs[{i}]: expected a string or a pair of two strings")
     pairs = [not isinstance(x, str) for x in inputs]
     min_length = 3 if any(pairs) else 2
     if max_seq_length < min_length:
@@ -182,7 +228,7 @@ def encode_texts(
         length = len(a) + (0 if b is None else len(b)) + n_special
         if length > max_seq_length:
             if not truncate:
-                raise InputError(
+                raise InvalidInput(
                     f"inputs[{i}] is {length} tokens long, more than max_seq_length "
                     f"{max_seq_length}; shorten it or allow truncation"
                 )

@@ -1,0 +1,47 @@
+"""The names of the model-package contract, owned here and imported everywhere else.
+
+`training.export` writes packages with these names, the service reads them, `training.evaluate`
+scores through them. Dependency-free on purpose: importing it pulls in nothing.
+"""
+
+from __future__ import annotations
+
+TASKS = ("classification", "token-classification", "question-answering", "embedding")
+
+# The graph's inputs, in the order the exporter declares them; every package takes all three.
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+# The outputs each head's graph answers and its post-processing reads: logits (B, C) or
+# (B, T, C), start_logits / end_logits (B, T), embeddings (B, H).
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
+    "classification": ("logits",),
+    "token-classification": ("logits",),
+    "question-answering": ("start_logits", "end_logits"),
+    "embedding": ("embeddings",),
+}
+
+# Embedding packages exported with --hidden-states also answer every layer's states pooled
+# both ways, (B, L + 1, H) each (Devlin et al. §5.3 feature-based use: /embed `layers`).
+HIDDEN_STATE_OUTPUTS: dict[str, str] = {"cls": "hidden_states_cls", "mean": "hidden_states_mean"}
+
+# Classification problem types: the package says the short name; a Hugging Face config.json
+# says the long one. One map between them.
+PROBLEM_TYPES = ("single_label", "multi_label", "regression")
+HF_PROBLEM_TYPES: dict[str, str] = {
+    "single_label_classification": "single_label",
+    "multi_label_classification": "multi_label",
+    "regression": "regression",
+}
+
+# How a sequence becomes one vector: the embedding head's pooling and the classifier's.
+POOLINGS = ("mean", "cls")
+POOLED_TASKS = ("embedding", "classification")  # the heads a pooling choice applies to
+
+VARIANTS = ("fp32", "int8", "fp16")
+VARIANT_FILES: dict[str, str] = {
+    "fp32": "model.onnx",
+    "int8": "model.int8.onnx",
+    "fp16": "model.fp16.onnx",
+}
+MANIFEST = "package.json"
+TOKENIZER = "tokenizer.json"
