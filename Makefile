@@ -1,12 +1,16 @@
 # Everyday commands. `make serve` and `make test` are the README's two commands; CI runs
-# `make test` and then `make test-e2e` (.ci/run).
+# `make test`, `make audit` and then `make test-e2e` (.ci/run).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MODELS ?= models
 PORT ?= 8080
+# setuptools' editable build warns on every install ("Editable installation. Please be careful
+# with folders ... same name as your package"): 10 lines of noise before each `make serve`. The
+# filter reaches the build backend's own process through the environment.
+PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
-.PHONY: help install install-dev test test-slow test-e2e audit lock lint format typecheck models serve clean
+.PHONY: help install install-dev test test-slow test-e2e audit lock lint format typecheck models serve clean docker-check docker-up docker-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -16,10 +20,10 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python  ## the service only (CPU ONNX Runtime), no torch
-	$(BIN)/pip install -q -e ".[cpu]"
+	$(PIP_INSTALL) -e ".[cpu]"
 
 install-dev: $(BIN)/python  ## service + training + test tools
-	$(BIN)/pip install -q -e ".[cpu,train,dev]"
+	$(PIP_INSTALL) -e ".[cpu,train,dev]"
 
 test: install-dev  ## lint + the unit suite (minutes; what CI runs first)
 	$(BIN)/ruff check service training tests benchmarks .ci
@@ -37,6 +41,20 @@ serve: install-dev models  ## install, build the default models if missing, serv
 
 test-e2e: models  ## Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
 	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
+
+# One line naming what is missing, instead of `docker: unknown command: docker compose` halfway
+# through. $(error) stops make with that line alone.
+docker-check:  ## check for Docker Engine (daemon running) and Compose v2
+	$(if $(shell command -v docker),,$(error Docker is not installed: install Docker Engine, https://docs.docker.com/engine/install/))
+	$(if $(shell docker info >/dev/null 2>&1 && echo ok),,$(error the Docker daemon is not reachable: start it (sudo systemctl start docker) or join the docker group; `docker info` says why))
+	$(if $(shell docker compose version >/dev/null 2>&1 && echo ok),,$(error Docker Compose v2 is missing (`docker compose version` fails): install the docker-compose-plugin package))
+	@echo "docker: $$(docker info --format '{{.ServerVersion}}' 2>/dev/null), $$(docker compose version --short 2>/dev/null)"
+
+docker-up: docker-check models  ## build ./models if missing, then docker compose up -d --wait (127.0.0.1:8080)
+	docker compose up -d --wait
+
+docker-down: docker-check  ## stop the compose services
+	docker compose down
 
 lint: install-dev  ## ruff lint + format check
 	$(BIN)/ruff check service training tests benchmarks .ci

@@ -29,8 +29,9 @@ ENDPOINTS = {
     "question-answering": "/qa",
     "embedding": "/embed",
 }
-# The /qa and /ner defaults (service.routes.qa / .ner), so the in-process runs cut the same rows.
-QA_MAX_SEQ_LEN, QA_DOC_STRIDE = 384, 128
+# The /qa default max_seq_len (its stride default is qa.default_stride), so the in-process runs
+# cut the same rows.
+QA_MAX_SEQ_LEN = 384
 SEED = 0
 
 
@@ -51,7 +52,7 @@ class Item:
 
     body: the JSON the load generator posts; rows: the model rows the service cuts from it;
     peer: the input as the transformers pipeline takes it; label: gold label (SST-2) or None;
-    prepared: the task's encode_pre result where its encode_post needs it (QA).
+    prepared: the task's preprocess result where its postprocess needs it (QA).
     """
 
     body: dict[str, Any]
@@ -85,27 +86,25 @@ def texts(task: str, data: Path) -> list[tuple[Any, str | None]]:
 
 
 def workload(package: ModelPackage, data: Path, limit: int | None = None) -> list[Item]:
-    """The requests for `package`'s task, with the rows the service's own encode_pre cuts."""
+    """The requests for `package`'s task, with the rows the service's own preprocess cuts."""
     tok = load_tokenizer(package.tokenizer_path)
     task, max_len = package.task, package.max_seq_length
     items = []
     for x, label in texts(package.task, data)[:limit]:
         if task == "classification":
-            rows = classify.encode_pre(tok, [x], max_len).sequences
+            rows = classify.preprocess(tok, [x], max_len).sequences
             items.append(Item({"inputs": x}, rows, x, label))
         elif task == "embedding":
-            rows = embed.encode_pre(tok, [x], max_len).sequences
+            rows = embed.preprocess(tok, [x], max_len).sequences
             items.append(Item({"inputs": x}, rows, x, label))
         elif task == "token-classification":
-            room = max_len - 2
-            rows = ner.encode_pre(tok, x, max_len, room // 4).sequences
+            rows = ner.preprocess(tok, x, max_len, ner.default_stride(max_len)).sequences
             body = {"inputs": x, "aggregation_strategy": "simple"}
             items.append(Item(body, rows, x))
         else:
             question, context = x
             seq = min(QA_MAX_SEQ_LEN, max_len)
-            stride = min(QA_DOC_STRIDE, seq // 2)
-            prepared = qa.encode_pre(tok, question, context, seq, stride)
+            prepared = qa.preprocess(tok, question, context, seq, qa.default_stride(seq))
             body = {"question": question, "context": context}
             items.append(Item(body, prepared.sequences, body, None, prepared))
     return items

@@ -176,7 +176,9 @@ async def _drive(
 
             await asyncio.gather(*(worker(post_httpx) for _ in range(concurrency)))
     else:
-        connections = [Connection(url) for _ in range(concurrency)]
+        # several URLs (replicas): connections dealt round-robin, as a balancer would
+        urls = url.split()
+        connections = [Connection(urls[i % len(urls)]) for i in range(concurrency)]
         await asyncio.gather(*(worker(c.post) for c in connections))
         for c in connections:
             await c.close()
@@ -207,7 +209,8 @@ def run_level(
     client: str = "streams",
 ) -> Level:
     """Drive `url` with `concurrency` closed-loop clients; bodies are cycled in order, each
-    client starting where the shared counter stands."""
+    client starting where the shared counter stands. Several URLs separated by spaces (one
+    per replica) share the clients round-robin (streams client only)."""
     encoded = [json.dumps(b).encode() for b in bodies]
     return asyncio.run(
         _drive(url, encoded, rows, tokens, concurrency, warmup, duration, max_requests, client)

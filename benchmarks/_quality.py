@@ -7,7 +7,7 @@ labels the package can be scored on, with the gold.
 | classification       | same top label                            | SST-2 dev accuracy (SST-2 labels) |
 | embedding            | cosine of the vectors (mean, min)         | STS-B dev Spearman (cosine)       |
 | token-classification | same label per real token                 | -                                 |
-| question-answering   | same answer span (service's encode_post)  | -                                 |
+| question-answering   | same answer span (service's postprocess)  | -                                 |
 
 A package with random heads has no task metric worth the name: agreement is then what int8
 changes, measured on real text.
@@ -86,7 +86,7 @@ def _score(
     if task == "embedding":
         a = np.stack([o["embeddings"] for o in out])
         b = np.stack([o["embeddings"] for o in ref])
-        a, b = embed.encode_post(a, True), embed.encode_post(b, True)
+        a, b = embed.postprocess(a, True), embed.postprocess(b, True)
         cos = (a * b).sum(-1)
         return {
             "cosine_mean": round(float(cos.mean()), 5),
@@ -110,8 +110,8 @@ def _score(
     agree, at = [], 0
     for item in items:
         n = len(item.rows)
-        a = qa.encode_post(item.prepared, out[at : at + n])
-        b = qa.encode_post(item.prepared, ref[at : at + n])
+        a = qa.postprocess(item.prepared, out[at : at + n])
+        b = qa.postprocess(item.prepared, ref[at : at + n])
         agree.append(bool(a and b and (a[0]["start"], a[0]["end"]) == (b[0]["start"], b[0]["end"])))
         at += n
     return {"answer_agreement": round(float(np.mean(agree)), 4)}
@@ -122,8 +122,8 @@ def _stsb(package: ModelPackage, variant: str, threads: int, data: Path) -> floa
     pairs = [p for p in read_pairs(data / "stsb" / "dev.tsv") if isinstance(p, ScoredPair)]
     tok = load_tokenizer(package.tokenizer_path)
     texts = [t for p in pairs for t in (p.sentence1, p.sentence2)]
-    rows = embed.encode_pre(tok, texts, package.max_seq_length).sequences
+    rows = embed.preprocess(tok, texts, package.max_seq_length).sequences
     out = row_outputs(package, variant, rows, threads)
-    vectors = embed.encode_post(np.stack([o["embeddings"] for o in out]), True)
+    vectors = embed.postprocess(np.stack([o["embeddings"] for o in out]), True)
     cos = (vectors[0::2] * vectors[1::2]).sum(-1)
     return spearman(cos.tolist(), [p.score for p in pairs])

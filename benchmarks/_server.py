@@ -4,6 +4,7 @@ and what it says about itself at /metrics: per-stage time, batch sizes and padde
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,8 +19,31 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._paths import shown
+
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# `python -m service` after a prelude (python -c): the same start, argv included
+RUN_SERVICE = "\nimport runpy; runpy.run_module('service', run_name='__main__', alter_sys=True)"
+
+
+# What `benchmarks._paths.shown` cannot make relative: a scratch build or another checkout.
+_SCRATCH = re.compile(r"(?<![\w.])/(?:tmp|work|home|root|var|mnt|data)(?:/[^\s/`'\"]+)+")
+
+
+def local_paths(value: Any) -> Any:
+    """`value` (JSON-like) with each absolute scratch path written as `<local>/<last part>`:
+    results name what was measured, never where it lay on this machine."""
+    if isinstance(value, str):
+        value = shown(value)
+        return _SCRATCH.sub(lambda m: "<local>/" + m.group(0).rsplit("/", 1)[1], value)
+    if isinstance(value, Path):
+        return local_paths(str(value))
+    if isinstance(value, dict):
+        return {k: local_paths(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [local_paths(v) for v in value]
+    return value
 
 
 def free_port() -> int:
@@ -51,17 +75,29 @@ class Server:
 
 @contextmanager
 def serve(
-    package: Path, variant: str, threads: int, spinning: bool, extra: list[str]
+    package: Path,
+    variant: str,
+    threads: int,
+    spinning: bool,
+    extra: list[str],
+    *,
+    root: Path = REPO,
+    prelude: str = "",
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
-    """Start the service on `package` alone, wait for /ready, stop it afterwards."""
+    """Start the service on `package` alone, wait for /ready, stop it afterwards.
+
+    root: the source tree whose `service` runs (another checkout, to measure old code beside
+    new); prelude: Python run in the server process before the service starts."""
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model_dir = Path(tmp) / "models"
         model_dir.mkdir()
         (model_dir / package.name).symlink_to(package.resolve())
         port = free_port()
         log = Path(tmp) / "server.log"
+        start = ["-c", prelude + RUN_SERVICE] if prelude else ["-m", "service"]
         args = [
-            sys.executable, "-m", "service",
+            sys.executable, *start,
             "--model-dir", str(model_dir), "--port", str(port),
             "--variant", variant, "--intra-op-threads", str(threads),
             "--intra-op-spinning" if spinning else "--no-intra-op-spinning",
@@ -69,19 +105,33 @@ def serve(
             "--max-concurrent-requests", "4096",
             "--log-level", "warning", *extra,
         ]  # fmt: skip
-        with log.open("w") as sink:
-            process = subprocess.Popen(args, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
-        server = Server(process, f"http://127.0.0.1:{port}", log)
-        try:
-            _wait_ready(server, timeout=180)
+        with running(args, root, env, port, log) as server:
             yield server
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+
+
+@contextmanager
+def running(
+    args: list[str], cwd: Path, env: dict[str, str] | None, port: int, log: Path
+) -> Iterator[Server]:
+    """Run `args` (a server listening on `port`), wait for /ready, SIGTERM it afterwards."""
+    # cwd first on the path: its `service` runs even where another tree is pip-installed
+    path = os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
+    environ = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            args, cwd=cwd, env=environ, stdout=sink, stderr=subprocess.STDOUT
+        )
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_ready(server, timeout=180)
+        yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_ready(server: Server, timeout: float) -> None:

@@ -1,9 +1,9 @@
 """Fine-tuning quality from the real all-MiniLM-L6-v2 on ../shared/data: the four runs of
 issue 5, with the figures, targets, time taken and hardware in a JSON and a Markdown table.
 
-    python benchmarks/finetune_quality.py                          # all four (hours on a CPU)
-    python benchmarks/finetune_quality.py --runs stsb sst2         # some of them
-    python benchmarks/finetune_quality.py --max-steps 2 --max-eval-examples 32 \\
+    python -m benchmarks.finetune_quality                          # all four (hours on a CPU)
+    python -m benchmarks.finetune_quality --runs stsb sst2         # some of them
+    python -m benchmarks.finetune_quality --max-steps 2 --max-eval-examples 32 \\
         --results /tmp/fq --work /tmp/fq/runs                      # smoke test: minutes
 
 | run   | train -> eval                                      | figure                  | target  |
@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from benchmarks._paths import write_results  # noqa: E402
 from training.checkpoint import load_model, sha256, weights_file  # noqa: E402
@@ -190,7 +189,7 @@ def markdown(rows: list[dict], hardware: str, smoke: bool) -> str:
     lines = [
         "# Fine-tuning quality from all-MiniLM-L6-v2",
         "",
-        f"Hardware: {hardware}. Produced by `python benchmarks/finetune_quality.py`.",
+        f"Hardware: {hardware}. Produced by `python -m benchmarks.finetune_quality`.",
     ]
     if smoke:
         lines.append("**Smoke run** (--max-steps set): not quality figures.")

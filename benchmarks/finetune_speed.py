@@ -2,9 +2,9 @@
 all-MiniLM-L6-v2 on SQuAD (384-token windows) or SST-2, with fp32 or bf16 autocast, and with
 shuffled or length-grouped batches (`training.finetune --precision --group-by-length`).
 
-    python benchmarks/finetune_speed.py                    # SQuAD, 4 arms x 30 steps (~6 min on 2 cores)
-    python benchmarks/finetune_speed.py --task sst2 --steps 60
-    python benchmarks/finetune_speed.py --steps 4 --results /tmp/fs   # smoke test
+    python -m benchmarks.finetune_speed                    # SQuAD, 4 arms x 30 steps (~6 min on 2 cores)
+    python -m benchmarks.finetune_speed --task sst2 --steps 60
+    python -m benchmarks.finetune_speed --steps 4 --results /tmp/fs   # smoke test
 
 Each arm is a real `training.finetune` run from the same checkpoint, seed and data (the first
 --examples training examples) with no evaluation. The figure is training rows per second over
@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from benchmarks._paths import write_results  # noqa: E402
 from benchmarks.finetune_quality import DATA, RUNS, minilm  # noqa: E402
@@ -72,7 +71,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Fine-tuning speed: {report['run']}, all-MiniLM-L6-v2",
         "",
-        f"Hardware: {report['hardware']}. Produced by `python benchmarks/finetune_speed.py "
+        f"Hardware: {report['hardware']}. Produced by `python -m benchmarks.finetune_speed "
         f"{' '.join(report['argv'])}`. Batch {report['batch_size']}; the steps after the first "
         f"{report['skip']} of each arm; all arms in one run, one after another.",
         "",

@@ -2,10 +2,10 @@
 budget, then fine-tune SST-2 from it and from a random initialisation with the same settings.
 The gap between the two SST-2 dev accuracies is what pretraining bought.
 
-    python benchmarks/pretrain_evidence.py                       # 60 min pretraining + 4 x SST-2
-    python benchmarks/pretrain_evidence.py --budget 3h --batch-size 64
-    python benchmarks/pretrain_evidence.py --throughput          # GPU only: + base at 128, seq/s, MFU
-    python benchmarks/pretrain_evidence.py --budget 20s --finetune-steps 5 \\
+    python -m benchmarks.pretrain_evidence                       # 60 min pretraining + 4 x SST-2
+    python -m benchmarks.pretrain_evidence --budget 3h --batch-size 64
+    python -m benchmarks.pretrain_evidence --throughput          # GPU only: + base at 128, seq/s, MFU
+    python -m benchmarks.pretrain_evidence --budget 20s --finetune-steps 5 \\
         --max-eval-examples 64 --results /tmp/pe --work /tmp/pe/runs   # smoke test: minutes
 
 Pretraining: `training.pretrain --config mini --objective mlm+nsp --max-seq-length 128` on every
@@ -45,7 +45,6 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from benchmarks._paths import write_results  # noqa: E402
 from training.checkpoint import save_model  # noqa: E402
@@ -55,15 +54,13 @@ from training.finetune import FinetuneArgs, finetune  # noqa: E402
 from training.model import BertForPreTraining  # noqa: E402
 from training.plots import read_log  # noqa: E402
 from training.pretrain import (  # noqa: E402
-    Run,
-    add_precision_option,
-    bf16_autocast,
-    build_parser,
     held_out_batches,
     make_streams,
+    parse_args,
     pretrain,
 )
 from training.tokenizer import load_tokenizer  # noqa: E402
+from training.trainer import PRECISIONS, Dist, resolve_precision  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 CORPUS = DATA / "corpus"
@@ -121,7 +118,7 @@ def pretrain_model(cli: argparse.Namespace, out: Path) -> dict:
         argv.append("--resume")  # an interrupted benchmark continues where it stopped
     print("pretraining: python -m training.pretrain " + " ".join(argv), flush=True)
     t0 = time.perf_counter()
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     result = pretrain(args)
     rows = read_log(out / "log.jsonl")
     train = [r for r in rows if r["split"] == "train"]
@@ -141,7 +138,7 @@ def unigram_baseline(args: argparse.Namespace, out: Path) -> dict:
     corpus's token frequencies (add-half smoothed), over the very batches and masks the
     held-out evaluation uses. Below its loss, the model has learned something from context."""
     tokenizer = load_tokenizer(out / "tokenizer.json")
-    train, held_out = make_streams(args, Run("cpu"), tokenizer, corpus_files(args.corpus))
+    train, held_out = make_streams(args, Dist(), tokenizer, corpus_files(args.corpus))
     counts = np.bincount(np.asarray(train.corpus.tokens), minlength=tokenizer.get_vocab_size())
     log_p = np.log((counts + 0.5) / (counts + 0.5).sum())
     labels = [b["labels"] for b in held_out_batches(held_out, args.eval_batches)]
@@ -223,7 +220,7 @@ def gpu_throughput(cli: argparse.Namespace, work: Path) -> dict:
         import shutil
 
         shutil.rmtree(out)
-    pretrain(build_parser().parse_args(argv))
+    pretrain(parse_args(argv))
     rows = [r for r in read_log(out / "log.jsonl") if r["split"] == "train"][2:]  # skip warm-up
     return {
         "config": "base",
@@ -243,7 +240,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Does pretraining help? BERT-{report.get('config', 'mini')}, fixed budget, then SST-2",
         "",
-        f"Hardware: {report['hardware']}. Produced by `python benchmarks/pretrain_evidence.py "
+        f"Hardware: {report['hardware']}. Produced by `python -m benchmarks.pretrain_evidence "
         f"{' '.join(report['argv'])}`.",
     ]
     if report["smoke"]:
@@ -328,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-eval-examples", type=int, help="evaluate SST-2 on the first N (smoke)")
     p.add_argument("--seed", type=int, default=0)
-    add_precision_option(p)  # both stages: pretraining and the SST-2 fine-tuning
+    p.add_argument(  # both stages: pretraining and the SST-2 fine-tuning
+        "--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on a GPU, else fp32"
+    )
     p.add_argument("--throughput", action="store_true", help="also measure base on the GPU")
     p.add_argument("--throughput-batch", type=int, default=128)
     p.add_argument("--throughput-steps", type=int, default=60)
@@ -336,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=REPO / "runs" / "pretrain_evidence")
     p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     cli = p.parse_args(argv)
-    cli.precision = "bf16" if bf16_autocast(cli.precision, torch.cuda.is_available()) else "fp32"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cli.precision = resolve_precision(cli.precision, device)
     if not CORPUS.is_dir():
         print(f"error: {CORPUS} is absent (../shared/data beside the repository)", file=sys.stderr)
         return 2

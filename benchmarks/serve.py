@@ -177,7 +177,9 @@ def measure_variant(
 ) -> dict[str, Any]:
     """Raw ceiling and served levels, `args.repeat` rounds interleaved on one server."""
     rounds = []
-    with _server.serve(args.package, variant, threads, args.spinning, args.server_arg) as server:
+    with _server.serve(
+        args.package, variant, threads, args.spinning, args.server_arg, root=args.server_root
+    ) as server:
         for k in range(args.repeat):
             raw = measure_raw(
                 package, variant, threads, args.spinning, items, args.batch_sizes, args.raw_budget
@@ -252,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="default: ../shared/data beside the repo")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", help="suffix of the result files")
+    parser.add_argument("--server-root", type=Path, default=_server.REPO,
+                        help="source tree whose `service` is served (an older checkout, to "
+                        "measure old code beside new with the same benchmark)")  # fmt: skip
     args = parser.parse_args(argv)
 
     data = shared_data(args.data)
@@ -357,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "peer": peer,
         "quality": quality,
     }
+    result["server_root"] = str(args.server_root)
+    result = _server.local_paths(result)
     result["targets"] = _report.targets(result)
     stem = f"serve-{package.name}" + (f"-{args.tag}" if args.tag else "")
     for path in _report.write(result, args.out, stem):

@@ -6,7 +6,7 @@ resident memory, queues, latency.
 
 Starts `python -m service` (a subprocess on 127.0.0.1) on a model_dir with one package per task
 and sends --requests requests, --concurrency at a time, cycling over every endpoint: the five
-inference endpoints in single and batched forms (tests/service/traffic.py) and /health, /ready,
+inference endpoints in single and batched forms (benchmarks/_traffic.py) and /health, /ready,
 /models, /metrics. Every inference answer is compared with the answer the same request got alone
 before the run. Per slice of --slice requests: latency p50/p99, the server's resident memory,
 the queue depth, errors. The first slice is the warm-up. Pass when, after it:
@@ -42,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._paths import write_results
 from benchmarks._server import REPO, Server, _wait_ready, free_port
-from tests.service.traffic import INFERENCE, PROBES, assert_same, percentile
+from benchmarks._traffic import INFERENCE, PROBES, assert_same, percentile
 
 TINY = {
     "classification": "tiny-classify",

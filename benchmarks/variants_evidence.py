@@ -1,8 +1,8 @@
 """Evidence for the BERT variants (issue 10), three experiments on ../shared/data:
 
-    python benchmarks/variants_evidence.py                       # all three: hours on a CPU
-    python benchmarks/variants_evidence.py --runs distill --serve-duration 20
-    python benchmarks/variants_evidence.py --budget 20s --corpus tinyshakespeare \\
+    python -m benchmarks.variants_evidence                       # all three: hours on a CPU
+    python -m benchmarks.variants_evidence --runs distill --serve-duration 20
+    python -m benchmarks.variants_evidence --budget 20s --corpus tinyshakespeare \\
         --finetune-steps 3 --max-train-examples 64 --max-eval-examples 32 --serve-duration 2 \\
         --results /tmp/ve --work /tmp/ve/runs                    # smoke test: minutes, not evidence
 
@@ -40,7 +40,6 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from benchmarks import _engine, _load, _server  # noqa: E402
 from benchmarks._data import workload  # noqa: E402
@@ -263,7 +262,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Hardware: {report['hardware']}. Produced by:",
         "",
         *(
-            f"- {name}: `python benchmarks/variants_evidence.py {' '.join(args)}`"
+            f"- {name}: `python -m benchmarks.variants_evidence {' '.join(args)}`"
             for name, args in report["argv"].items()
         ),
     ]

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from service.app import create_app
 from service.registry import Registry
 from service.settings import Settings
+from service.workers import LoadFlags, run_workers
 
 SETTLE_SECONDS = 0.1  # at shutdown, for requests on connections already accepted to arrive
 METAVARS = {"payload_limit": "BYTES", "max_wait_ms": "MS", "cors_origins": "ORIGINS"}
@@ -96,14 +97,19 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def main(argv: list[str] | None = None) -> None:
-    settings = parse_settings(argv)
+def serve(
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    load_flags: LoadFlags | None = None,
+) -> None:
+    """One server process: on settings.host:port, or on `sockets` (a worker of several)."""
     logging.basicConfig(
         level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     app = create_app(settings)
+    app.state.registry.load_flags = load_flags
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -111,7 +117,15 @@ def main(argv: list[str] | None = None) -> None:
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
     )
-    _Server(config, app.state.registry).run()
+    _Server(config, app.state.registry).run(sockets=sockets)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    if settings.workers > 1:
+        logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
+        sys.exit(run_workers(settings))
+    serve(settings)
 
 
 if __name__ == "__main__":

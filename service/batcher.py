@@ -1,20 +1,25 @@
 """Token-budget dynamic batching per model, admission control, deadlines.
 
-Requests arrive already tokenized as `Sequence` rows. One worker task per model builds the next
-batch as soon as the runtime is free:
+Requests arrive as `Job`s (service.tasks): texts plus what to do with them. One worker task per
+model, in a loop:
 
-1. take a window of the oldest queued rows (FIFO), skipping rows of requests that are already
+1. encode the texts of every job that arrived since its last look in one `encode_batch` call
+   (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows (in a thread: the Rust encoder runs without the GIL). When a
+   batch is ready to run, this overlaps its inference; when the model is idle, it comes first;
+2. take a window of the oldest queued rows (FIFO), skipping rows of requests that are already
    finished: cancelled because the client went away, past their deadline, or failed;
-2. sort the window by length and grow a batch around the oldest row, first with shorter rows
+3. sort the window by length and grow a batch around the oldest row, first with shorter rows
    (free: the padded length stays), then longer ones, while rows x longest <= max_batch_tokens
    and rows <= max_batch_size; on CPU, where padding costs as much as tokens, only rows that add
    at most CPU_PAD_LIMIT padded tokens. Similar lengths share a batch, so little compute goes to
    padding, and the oldest row always goes, so no request starves;
-3. pad, run the backend in a thread (the event loop keeps accepting and tokenizing requests
-   meanwhile), and hand each row its slice of the outputs.
+4. in one thread hop: pad, run the backend, hand each row its slice of the outputs, and ask
+   each job whose last row this was for its answer. The event loop meanwhile only accepts
+   requests and writes answers.
 
 A request's rows may land in different batches; it completes when its last row does. A backend
 exception fails the requests of that batch only (BackendError) and the worker carries on.
+Metrics are written once per tokenizer call and once per batch, not per request.
 """
 
 from __future__ import annotations
@@ -24,13 +29,18 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from prometheus_client import Counter
+import numpy as np
+from tokenizers import Tokenizer
 
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import ModelMetrics
-from service.rows import Outputs, Sequence, pad
+from service.rows import InvalidInput, Outputs, Sequence, pad
 from service.runtime import Backend
+from service.tasks import Job
+
+__all__ = ["Admission", "Batcher", "grow_batch", "pad"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,11 @@ WINDOW_FACTOR = 4
 # whole; limits of 4 to 16 were within 5% of each other (benchmarks/README.md). On a GPU,
 # larger batches win over padding waste: no limit there.
 CPU_PAD_LIMIT = 8
+# Fewer texts than this are encoded one `encode` call each, not by `encode_batch`: waking the
+# tokenizers Rust pool for a few short texts cost more than it saved. SST-2 sentences on a busy
+# 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
+# noise (benchmarks/README.md, "Issue 18, round 3").
+SERIAL_BELOW = 8
 
 
 class Admission:
@@ -81,18 +96,17 @@ class Admission:
 
 @dataclass(eq=False)
 class _Request:
-    rows: list[Sequence]
+    job: Job
     deadline: float  # loop.time() clock
     enqueued: float
-    future: asyncio.Future[list[Outputs]]
-    results: list[Outputs | None] = field(init=False)
-    unfinished: int = field(init=False)  # rows without outputs yet
-    queued: int = field(init=False)  # rows not yet taken into a batch
+    future: asyncio.Future[Any]
+    rows: list[Sequence] = field(default_factory=list)  # set once the job is tokenized
+    results: list[Outputs | None] = field(default_factory=list)
+    unfinished: int = 0  # rows without outputs yet
+    queued: int = 1  # rows not yet taken into a batch; 1 until tokenized (the job itself)
     started: bool = False
-
-    def __post_init__(self) -> None:
-        self.results = [None] * len(self.rows)
-        self.unfinished = self.queued = len(self.rows)
+    nonfinite: bool = False  # a row's outputs hold a NaN or an infinity
+    timer: asyncio.TimerHandle | None = None
 
 
 def grow_batch(
@@ -132,15 +146,32 @@ def grow_batch(
             return lo, hi
 
 
+def _finite_rows(
+    outputs: dict[str, np.ndarray], mask: np.ndarray, sequence_outputs: frozenset[str]
+) -> np.ndarray | None:
+    """None when every output of the batch is finite (one check per output, the usual case);
+    else (B,) bool: row k's outputs are finite on its real tokens (padding may be anything)."""
+    if all(np.isfinite(value).all() for value in outputs.values()):
+        return None
+    ok = np.ones(len(mask), dtype=bool)
+    for name, value in outputs.items():
+        finite = np.isfinite(value)
+        if name in sequence_outputs:  # (B, T, ...): padding positions do not count
+            finite = finite.reshape(*value.shape[:2], -1).all(axis=-1) | (mask == 0)
+        ok &= finite.reshape(len(value), -1).all(axis=1)
+    return ok
+
+
 class Batcher:
-    """The queue and worker of one model. Create, `start()` inside the event loop, `submit()`
-    from request handlers, `stop()` at shutdown."""
+    """The queue and worker of one model. Create, `start()` inside the event loop, `enqueue()`
+    (or `await submit()`) jobs from request handlers, `stop()` at shutdown."""
 
     def __init__(
         self,
         backend: Backend,
         metrics: ModelMetrics,
         *,
+        tokenizer: Tokenizer | None = None,
         sequence_outputs: frozenset[str],
         max_batch_tokens: int,
         max_batch_size: int,
@@ -150,6 +181,7 @@ class Batcher:
     ) -> None:
         self.backend = backend
         self.metrics = metrics
+        self.tokenizer = tokenizer
         self.sequence_outputs = sequence_outputs
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -157,11 +189,16 @@ class Batcher:
         self.pad_token_id = pad_token_id
         self.pad_limit = CPU_PAD_LIMIT if backend.provider == "cpu" else None
         self.name = name
+        self._inbox: list[_Request] = []  # jobs not yet tokenized
         self._queue: deque[tuple[_Request, int]] = deque()
-        self._queued_rows = 0  # rows of live requests in _queue (dead ones are skipped lazily)
+        # Rows of live requests in _queue (dead ones are skipped lazily), and 1 per job not yet
+        # tokenized. The gauge reads it at scrape time: no metric write per request.
+        self._queued_rows = 0
+        metrics.queue_depth.set_function(lambda: self._queued_rows)
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._running: list[tuple[_Request, int]] = []  # the batch in the backend now
+        self._tokenizing: list[_Request] = []  # requests in the encoder's thread now
+        self._running: list[_Request] = []  # requests with rows in the backend's thread now
 
     def start(self) -> None:
         self._worker = asyncio.create_task(self._run(), name=f"batcher-{self.name}")
@@ -177,47 +214,53 @@ class Batcher:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
-        for request, _ in [*self._running, *self._queue]:
+        waiting = [*self._running, *self._tokenizing, *self._inbox, *(r for r, _ in self._queue)]
+        for request in waiting:
             if not request.future.done():
                 request.future.set_exception(NotReady("the service is shutting down"))
+        self._inbox, self._tokenizing, self._running = [], [], []
         self._queue.clear()
-        self._running = []
         self._set_depth(0)
 
-    async def submit(self, rows: list[Sequence], deadline: float) -> list[Outputs]:
-        """Run `rows` (in any batches) and return their outputs in order.
-
-        `deadline` is on the event loop's clock. Raises DeadlineExceeded when it passes first,
-        BackendError when a batch holding one of the rows failed.
-        """
-        if not rows:
-            return []
+    def enqueue(self, job: Job, deadline: float) -> asyncio.Future[Any]:
+        """Queue `job`; the future gets its answer, or raises DeadlineExceeded when `deadline`
+        (event loop clock) passes first, InvalidInput when the job's texts cannot make rows,
+        BackendError when a batch holding one of its rows failed. Cancelling the future drops
+        the job: its rows still queued never run (counted as client_gone)."""
         if self._worker is None:
             raise NotReady(f"model {self.name} is not running")
         loop = asyncio.get_running_loop()
-        request = _Request(rows, deadline, loop.time(), loop.create_future())
-        self._queue.extend((request, i) for i in range(len(rows)))
-        self._set_depth(self._queued_rows + len(rows))
+        request = _Request(job, deadline, loop.time(), loop.create_future())
+        request.timer = loop.call_at(deadline, self._expire, request)
+        request.future.add_done_callback(lambda _: self._finished(request))
+        self._inbox.append(request)
+        self._set_depth(self._queued_rows + 1)
         self._wake.set()
-        try:
-            return await asyncio.wait_for(asyncio.shield(request.future), deadline - loop.time())
-        except TimeoutError:
-            self._drop(request, self.metrics.dropped_deadline)
-            raise DeadlineExceeded("request_timeout passed before the model answered") from None
-        except asyncio.CancelledError:
-            # The handler was cancelled: the client is gone. Its queued rows will be skipped.
-            self._drop(request, self.metrics.dropped_client_gone)
-            raise
+        return request.future
 
-    def _drop(self, request: _Request, counter: Counter) -> None:
+    async def submit(self, job: Job, deadline: float) -> Any:
+        """`enqueue` and wait for the answer; cancelling the caller drops the job."""
+        return await self.enqueue(job, deadline)
+
+    def _expire(self, request: _Request) -> None:
         if request.future.done():
             return
-        request.future.cancel()
-        # Counted only when rows are still queued: those are the compute the drop saves (a
-        # request whose rows all ran or are running gets its error, but nothing was dropped).
-        if request.queued:
-            counter.inc()
+        if request.queued:  # counted only when it saves compute: rows still queued
+            self.metrics.dropped_deadline.inc()
         self._forget(request)
+        request.future.set_exception(
+            DeadlineExceeded("request_timeout passed before the model answered")
+        )
+
+    def _finished(self, request: _Request) -> None:
+        """Done callback of every request's future: an answer, an error, or a cancel."""
+        if request.timer is not None:
+            request.timer.cancel()
+        if request.future.cancelled():
+            # The handler gave up: the client is gone. Its queued rows will be skipped.
+            if request.queued:
+                self.metrics.dropped_client_gone.inc()
+            self._forget(request)
 
     def _forget(self, request: _Request) -> None:
         """Take a finished request's still-queued rows out of the depth count."""
@@ -226,15 +269,18 @@ class Batcher:
 
     def _set_depth(self, rows: int) -> None:
         self._queued_rows = rows
-        self.metrics.queue_depth.set(rows)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if self._queued_rows == 0:
+            if not self._inbox and self._queued_rows == 0:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            new = self._take_inbox()
+            if new and not any(not r.future.done() for r, _ in self._queue):
+                await self._tokenize(new)  # idle model: these rows are the next batch
+                new = []
             if self.max_wait and self._queued_rows < self.max_batch_size:
                 oldest = next((r for r, _ in self._queue if not r.future.done()), None)
                 if (
@@ -242,15 +288,89 @@ class Batcher:
                     and (wait := oldest.enqueued + self.max_wait - loop.time()) > 0
                 ):
                     await asyncio.sleep(wait)
+                    if new := new + self._take_inbox():
+                        await self._tokenize(new)
+                        new = []
             batch = self._next_batch(loop.time())
-            if batch:
-                self._running = batch
-                try:
-                    await self._execute(batch, loop.time())
-                except Exception:  # a bug here must not kill the worker
-                    log.exception("%s: batch failed outside the backend", self.name)
-                    self._fail(batch, BackendError("internal error while batching"))
-                self._running = []
+            work = [self._guarded(self._execute(batch, loop.time()), batch)] if batch else []
+            if new:
+                work.append(self._tokenize(new))
+            await asyncio.gather(*work)
+
+    def _take_inbox(self) -> list[_Request]:
+        new = [r for r in self._inbox if not r.future.done()]
+        self._inbox = []
+        return new
+
+    async def _guarded(self, step: Any, batch: list[tuple[_Request, int]]) -> None:
+        self._running = [r for r, _ in batch]
+        try:
+            await step
+        except Exception:  # a bug here must not kill the worker
+            log.exception("%s: batch failed outside the backend", self.name)
+            self._fail(batch, BackendError("internal error while batching"))
+        self._running = []
+
+    # -- step 1: texts -> rows -------------------------------------------------------------
+
+    async def _tokenize(self, requests: list[_Request]) -> None:
+        start = time.perf_counter()
+        self._tokenizing = requests
+        try:
+            made = await asyncio.to_thread(self._rows_of, [r.job for r in requests])
+        except Exception:  # a bug here must not kill the worker
+            log.exception("%s: tokenization failed", self.name)
+            error = BackendError("internal error while tokenizing")
+            made = [error] * len(requests)
+        finally:
+            self._tokenizing = []
+        self.metrics.tokenization.observe(time.perf_counter() - start)
+        truncated = windowed = 0
+        for request, rows in zip(requests, made, strict=True):
+            if request.future.done():  # gone or expired meanwhile
+                continue
+            if isinstance(rows, Exception):
+                self._forget(request)
+                request.future.set_exception(rows)
+                continue
+            truncated += request.job.truncated
+            windowed += request.job.windowed
+            request.rows = rows
+            request.results = [None] * len(rows)
+            request.unfinished = len(rows)
+            self._set_depth(self._queued_rows - 1 + len(rows))
+            request.queued = len(rows)
+            if not rows:
+                self._answer([request], [request.job.answer([])])
+            self._queue.extend((request, i) for i in range(len(rows)))
+        if truncated:
+            self.metrics.truncated.inc(truncated)
+        if windowed:
+            self.metrics.windowed.inc(windowed)
+
+    def _rows_of(self, jobs: list[Job]) -> list[list[Sequence] | Exception]:
+        """In a thread: every job's texts in one encoder call, then each job's rows."""
+        texts = [text for job in jobs for text in job.texts]
+        encodings = []
+        if texts:
+            assert self.tokenizer is not None, "a batcher that takes texts needs the tokenizer"
+            if len(texts) < SERIAL_BELOW:
+                encode = self.tokenizer.encode
+                encodings = [encode(text, add_special_tokens=False) for text in texts]
+            else:
+                encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        out: list[list[Sequence] | Exception] = []
+        at = 0
+        for job in jobs:
+            n = len(job.texts)
+            try:
+                out.append(job.rows(self.tokenizer, encodings[at : at + n]))
+            except InvalidInput as exc:
+                out.append(exc)
+            at += n
+        return out
+
+    # -- step 2: the next batch ------------------------------------------------------------
 
     def _next_batch(self, now: float) -> list[tuple[_Request, int]]:
         window: list[tuple[_Request, int]] = []
@@ -258,14 +378,9 @@ class Batcher:
             request, i = self._queue.popleft()
             if request.future.done():
                 continue
-            if request.deadline <= now:
-                self._forget(request)
-                request.future.set_exception(DeadlineExceeded("request_timeout passed in queue"))
-                self.metrics.dropped_deadline.inc()
-                continue
             window.append((request, i))
-        if not window:  # the queue held only finished requests' rows: nothing is queued
-            self._set_depth(0)
+        if not window:  # the queue held only finished requests' rows: none is queued
+            self._set_depth(sum(not r.future.done() for r in self._inbox))
             return []
         # window[0] is the oldest live row; sorting is stable so ties keep FIFO order.
         order = sorted(range(len(window)), key=lambda k: len(window[k][0].rows[window[k][1]]))
@@ -277,41 +392,105 @@ class Batcher:
         self._queue.extendleft(reversed([window[k] for k in range(len(window)) if k not in chosen]))
         return [window[k] for k in order[lo:hi]]
 
+    # -- step 3: run it, and answer the requests it completes ------------------------------
+
     async def _execute(self, batch: list[tuple[_Request, int]], now: float) -> None:
+        waited = []
         for request, _ in batch:
             request.queued -= 1
             if not request.started:
                 request.started = True
-                self.metrics.queue_wait.observe(now - request.enqueued)
+                waited.append(now - request.enqueued)
+        for seconds in waited:
+            self.metrics.queue_wait.observe(seconds)
         self._set_depth(self._queued_rows - len(batch))
+        try:
+            done, answers = await asyncio.to_thread(self._infer, batch)
+        except Exception as exc:
+            self._fail(batch, BackendError(f"inference failed ({type(exc).__name__}); retry"))
+            return
+        self._answer(done, answers)
+
+    def _infer(self, batch: list[tuple[_Request, int]]) -> tuple[list[_Request], list[Any]]:
+        """In a thread: pad, run, slice each row's outputs; the answers of the requests whose
+        last row this was (an exception in place of an answer fails only its request)."""
         rows = [request.rows[i] for request, i in batch]
         feeds = pad(rows, self.pad_token_id)
         size, longest = feeds["input_ids"].shape
         self.metrics.batch_size.observe(size)
         self.metrics.batch_tokens.observe(size * longest)
-        log.debug("%s: batch of %d rows x %d tokens", self.name, size, longest)
-
         start = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(self.backend.run, feeds)
-        except Exception as exc:
+            outputs = self.backend.run(feeds)
+        except Exception:
             log.exception("%s: inference failed on a batch of %d x %d", self.name, size, longest)
-            self._fail(batch, BackendError(f"inference failed ({type(exc).__name__}); retry"))
-            return
+            raise
         finally:
             self.metrics.inference.observe(time.perf_counter() - start)
-
+        start = time.perf_counter()
+        finite = _finite_rows(outputs, feeds["attention_mask"], self.sequence_outputs)
+        done: list[_Request] = []
         for k, (request, i) in enumerate(batch):
-            if request.future.done():
-                continue
             n = len(rows[k])
             request.results[i] = {
                 name: value[k, :n] if name in self.sequence_outputs else value[k]
                 for name, value in outputs.items()
             }
+            if finite is not None and not finite[k]:
+                request.nonfinite = True
             request.unfinished -= 1
             if request.unfinished == 0:
-                request.future.set_result(request.results)  # type: ignore[arg-type]
+                done.append(request)
+        answers = self._answers(done)
+        if done:
+            self.metrics.postprocess.observe(time.perf_counter() - start)
+        return done, answers
+
+    def _answers(self, done: list[_Request]) -> list[Any]:
+        """The answers of `done`, in order. Jobs of one class that can answer together
+        (`answer_many`: one softmax or normalisation over all their rows) do; an exception
+        there falls back to one job at a time, so it fails only the job that raises it."""
+        answers: list[Any] = [None] * len(done)
+        groups: dict[type, list[int]] = {}
+        for k, request in enumerate(done):
+            if request.nonfinite:
+                answers[k] = BackendError(
+                    "the model produced a NaN or infinite value for this input"
+                )
+            else:
+                groups.setdefault(type(request.job), []).append(k)
+        for cls, ks in groups.items():
+            many = getattr(cls, "answer_many", None)
+            if many is not None and len(ks) > 1:
+                try:
+                    together = many([done[k].job for k in ks], [done[k].results for k in ks])
+                except Exception:  # retried one by one below, to find the job that fails
+                    pass
+                else:
+                    for k, answer in zip(ks, together, strict=True):
+                        answers[k] = answer
+                    continue
+            for k in ks:
+                answers[k] = self._answer_of(done[k])
+        return answers
+
+    def _answer_of(self, request: _Request) -> Any:
+        try:
+            return request.job.answer(request.results)  # type: ignore[arg-type]
+        except InvalidInput as exc:
+            return exc
+        except Exception as exc:  # a bug in one job's post-processing fails only that job
+            log.exception("%s: post-processing failed", self.name)
+            return BackendError(f"post-processing failed ({type(exc).__name__})")
+
+    def _answer(self, requests: list[_Request], answers: list[Any]) -> None:
+        for request, answer in zip(requests, answers, strict=True):
+            if request.future.done():
+                continue
+            if isinstance(answer, Exception):
+                request.future.set_exception(answer)
+            else:
+                request.future.set_result(answer)
 
     def _fail(self, batch: list[tuple[_Request, int]], error: BackendError) -> None:
         for request, _ in batch:

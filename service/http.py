@@ -153,18 +153,26 @@ class PayloadLimit:
         await self.app(scope, replay, send)
 
     async def _reject(self, scope: Scope, send: Send) -> None:
-        scope.setdefault("state", {})["error_type"] = "payload_too_large"
-        body = error_body(
-            f"request body over payload_limit ({self.limit} bytes)", "payload_too_large"
-        )
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        # The rest of the body is never read, so the connection cannot be reused.
-        headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await reject_payload(scope, send, self.limit)
+
+
+def error_type_of(status: int) -> str:
+    """The error_type of a status no handler named (RequestMetrics' failure reason)."""
+    return _TYPE_BY_STATUS.get(status, "internal")
+
+
+async def reject_payload(scope: Scope, send: Send, limit: int) -> None:
+    """The 413 for a body over `limit` bytes."""
+    scope.setdefault("state", {})["error_type"] = "payload_too_large"
+    body = error_body(f"request body over payload_limit ({limit} bytes)", "payload_too_large")
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    # The rest of the body is never read, so the connection cannot be reused.
+    headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class RequestMetrics:
@@ -194,9 +202,7 @@ class RequestMetrics:
             await self.app(scope, receive, send_status)
         finally:
             model, task = state.get("model", ""), state.get("task", "")
-            m = self.metrics
-            m.requests.labels(model, task, path, str(status)).inc()
-            m.duration.labels(model, task, path).observe(time.perf_counter() - start)
+            self.metrics.answered(model, task, path, status, time.perf_counter() - start)
             if status >= 400:
-                reason = state.get("error_type") or _TYPE_BY_STATUS.get(status, "internal")
-                m.failures.labels(model, task, reason).inc()
+                reason = state.get("error_type") or error_type_of(status)
+                self.metrics.failures.labels(model, task, reason).inc()

@@ -9,9 +9,17 @@ Errors raised before a model is chosen (bad JSON, unknown model) are counted wit
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 PREFIX = "bert_heads"
 STAGES = ("tokenization", "queue_wait", "inference", "postprocess")
@@ -52,9 +60,13 @@ class ModelMetrics:
 
     batch_size: Histogram
     batch_tokens: Histogram
+    tokenization: Histogram
     queue_wait: Histogram
     inference: Histogram
+    postprocess: Histogram
     queue_depth: Gauge
+    truncated: Counter
+    windowed: Counter
     dropped_client_gone: Counter
     dropped_deadline: Counter
 
@@ -84,8 +96,9 @@ class Metrics:
         )
         self.stage = Histogram(
             f"{PREFIX}_stage_duration_seconds",
-            "Parts of a request: tokenization, queue_wait (submit to first batch), "
-            "inference (per batch), postprocess.",
+            "Parts of the work: tokenization (per encoder call, over the requests that "
+            "arrived together), queue_wait (per request: submit to its first batch), "
+            "inference and postprocess (per batch).",
             ["model", "task", "stage"],
             buckets=SECONDS,
             registry=r,
@@ -109,6 +122,7 @@ class Metrics:
             "Rows (sequences) waiting for a batch.",
             ["model", "task"],
             registry=r,
+            multiprocess_mode="livesum",  # with --workers: summed over the live workers
         )
         self.truncated = Counter(
             f"{PREFIX}_inputs_truncated",
@@ -133,9 +147,11 @@ class Metrics:
             "1 for each loaded package, with the variant and provider it runs on.",
             ["model", "task", "variant", "provider"],
             registry=r,
+            multiprocess_mode="max",  # with --workers: every worker loads the same packages
         )
         for reason in FAILURE_REASONS:
             self.failures.labels("", "", reason)
+        self._answered: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
 
     def add_model(self, model: str, task: str) -> ModelMetrics:
         """Create every series of `model` at zero and return the batcher's children."""
@@ -151,12 +167,33 @@ class Metrics:
         return ModelMetrics(
             batch_size=self.batch_size.labels(model, task),
             batch_tokens=self.batch_tokens.labels(model, task),
+            tokenization=self.stage.labels(model, task, "tokenization"),
             queue_wait=self.stage.labels(model, task, "queue_wait"),
             inference=self.stage.labels(model, task, "inference"),
+            postprocess=self.stage.labels(model, task, "postprocess"),
             queue_depth=self.queue_depth.labels(model, task),
+            truncated=self.truncated.labels(model, task),
+            windowed=self.windowed.labels(model, task),
             dropped_client_gone=self.dropped.labels(model, task, "client_gone"),
             dropped_deadline=self.dropped.labels(model, task, "deadline"),
         )
 
+    def answered(self, model: str, task: str, endpoint: str, status: int, seconds: float) -> None:
+        """Count and time one request. The labelled children are looked up once per label set:
+        `labels()` costs more than the increment itself."""
+        key = (model, task, endpoint, status)
+        children = self._answered.get(key)
+        if children is None:
+            children = self._answered[key] = (
+                self.requests.labels(model, task, endpoint, str(status)),
+                self.duration.labels(model, task, endpoint),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # --workers: every worker's samples
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)
+            return generate_latest(merged)
         return generate_latest(self.registry)

@@ -2,7 +2,8 @@
 and say whether the whole is ready.
 
 Readiness policy (GET /ready):
-- 503 `loading` until every package has been tried (read, session created, warmed up);
+- 503 `loading` until every package has been tried (read, session created, warmed up), by
+  every worker process with --workers;
 - 503 `draining` from the moment shutdown starts;
 - 503 `empty` when model_dir holds no package;
 - 503 `degraded` when a package failed to load, unless `allow_partial` is set, then 200 as long
@@ -31,6 +32,7 @@ from service.package import ModelPackage, find_packages, read_package
 from service.rows import encode, load_tokenizer, row, special_ids
 from service.runtime import Backend, open_backend, warm_up
 from service.settings import Settings
+from service.workers import LoadFlags
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class Registry:
         self.admission = Admission(settings.max_concurrent_requests)
         self.draining = False
         self.loaded = asyncio.Event()  # every package tried
+        # With --workers: one flag per worker process, so /ready waits for all of them
+        self.load_flags: LoadFlags | None = None
         self._loader: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -123,6 +127,8 @@ class Registry:
                     opened.package.task,
                 )
         self.loaded.set()
+        if self.load_flags is not None:
+            self.load_flags.mark_loaded()
         ready = sum(e.state == "ready" for e in self.entries)
         log.info("%d of %d packages ready", ready, len(self.entries))
 
@@ -159,6 +165,7 @@ class Registry:
         batcher = Batcher(
             opened.backend,
             self.metrics.add_model(package.name, package.task),
+            tokenizer=opened.tokenizer,
             sequence_outputs=sequence_outputs(package),
             max_batch_tokens=s.max_batch_tokens,
             max_batch_size=s.max_batch_size,
@@ -200,6 +207,8 @@ class Registry:
             return False, "draining"
         if not self.loaded.is_set():
             return False, "loading"
+        if self.load_flags is not None and not self.load_flags.all_loaded():
+            return False, "loading"  # another worker process is still opening its sessions
         ready = [e for e in self.entries if e.state == "ready"]
         if not self.entries:
             return False, "empty"

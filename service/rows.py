@@ -119,32 +119,67 @@ class Tokens:
 
 def encode(tokenizer: Tokenizer, text: str) -> Tokens:
     """Encode one text without special tokens, keeping offsets, words and subword flags."""
-    enc: Encoding = tokenizer.encode(text, add_special_tokens=False)
+    return tokens(tokenizer, tokenizer.encode(text, add_special_tokens=False))
+
+
+def tokens(tokenizer: Tokenizer, enc: Encoding) -> Tokens:
+    """One encoding (made without special tokens, alone or by `encode_batch`) -> Tokens."""
     n = len(enc.ids)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    word_ids = enc.word_ids
+    try:  # without special tokens every token has a word; None only for odd added tokens
+        words = np.asarray(word_ids, dtype=np.int64)
+    except TypeError:
+        words = np.asarray([-1 if w is None else w for w in word_ids], dtype=np.int64)
+    return Tokens(
+        ids=ids,
+        offsets=np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2),
+        words=words,
+        subword=_subword_table(tokenizer)[ids],
+    )
+
+
+# tokenizer id -> (tokenizer, (V,) bool: token id is a continuing subword). The tokenizer is
+# held so its id cannot be reused; a process has a handful of them.
+_SUBWORD: dict[int, tuple[Tokenizer, np.ndarray]] = {}
+
+
+def _subword_table(tokenizer: Tokenizer) -> np.ndarray:
+    """(V,) bool over token ids: the token continues the previous token's word (it starts
+    with the model's continuing-subword prefix, `##` by default, and is not the unknown
+    token). Looked up by id: testing each token's string in Python made `tokens()` cost 83-91
+    us per SQuAD context (160 tokens on average) against 44-52 us with this table (busy
+    2-core EPYC, benchmarks/README.md "Issue 18, final")."""
+    cached = _SUBWORD.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
     prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or "##"
     unk = getattr(tokenizer.model, "unk_token", None)
-    subword = np.fromiter(
-        (tok.startswith(prefix) and tok != unk for tok in enc.tokens), dtype=bool, count=n
-    )
-    return Tokens(
-        ids=np.asarray(enc.ids, dtype=np.int64),
-        offsets=np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2),
-        words=np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64),
-        subword=subword,
-    )
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    table = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
+    for token, i in vocab.items():
+        table[i] = token.startswith(prefix) and token != unk
+    if len(_SUBWORD) >= 16:
+        _SUBWORD.pop(next(iter(_SUBWORD)))
+    _SUBWORD[id(tokenizer)] = (tokenizer, table)
+    return table
 
 
-def row(cls_id: int, sep_id: int, a: np.ndarray, b: np.ndarray | None = None) -> Sequence:
+def row(
+    cls_id: int, sep_id: int, a: np.ndarray | list[int], b: np.ndarray | list[int] | None = None
+) -> Sequence:
     """The BERT layout: `[CLS] a [SEP]`, or `[CLS] a [SEP] b [SEP]` with type id 1 on `b [SEP]`."""
-    parts = [[cls_id], a, [sep_id]]
-    types = [np.zeros(len(a) + 2, dtype=np.int64)]
+    # Filled in place: np.concatenate of the parts cost several times more for short rows.
+    n_a = len(a)
+    n = n_a + 2 if b is None else n_a + len(b) + 3
+    input_ids = np.empty(n, dtype=np.int64)
+    input_ids[0], input_ids[n_a + 1], input_ids[n - 1] = cls_id, sep_id, sep_id
+    input_ids[1 : n_a + 1] = a
+    token_type_ids = np.zeros(n, dtype=np.int64)
     if b is not None:
-        parts += [b, [sep_id]]
-        types.append(np.ones(len(b) + 1, dtype=np.int64))
-    return Sequence(
-        input_ids=np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]),
-        token_type_ids=np.concatenate(types),
-    )
+        input_ids[n_a + 2 : n - 1] = b
+        token_type_ids[n_a + 2 :] = 1
+    return Sequence(input_ids=input_ids, token_type_ids=token_type_ids)
 
 
 def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -180,7 +215,7 @@ def windows(n_tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
+class EncodedTexts:
     """Rows for classification or embedding: one Sequence per input, in input order.
 
     truncated: how many inputs lost tokens to `max_seq_length`.
@@ -193,12 +228,8 @@ class Prepared:
 TextInput = str | tuple[str, str]
 
 
-def encode_texts(
-    tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
-) -> Prepared:
-    """Single texts or (a, b) pairs -> one row each, cut to `max_seq_length` (longest_first for
-    pairs). With `truncate=False` an input that does not fit is an InvalidInput instead."""
-    cls_id, sep_id = special_ids(tokenizer)
+def flatten(inputs: list[str] | list[TextInput]) -> list[str]:
+    """Single texts and (a, b) pairs -> the texts to encode, a pair's two in order."""
     flat: list[str] = []
     for i, x in enumerate(inputs):
         if isinstance(x, str):
@@ -207,19 +238,35 @@ def encode_texts(
             flat.extend(x)
         else:
             raise InvalidInput(f"inputs[{i}]: expected a string or a pair of two strings")
+    return flat
+
+
+def encode_texts(
+    tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
+) -> EncodedTexts:
+    """Single texts or (a, b) pairs -> one row each, cut to `max_seq_length` (longest_first for
+    pairs). With `truncate=False` an input that does not fit is an InvalidInput instead."""
+    # One batch call: `tokenizers` encodes it in parallel in Rust, and a pair's two texts are
+    # normalised and pre-tokenized independently anyway, so encoding them apart is exact.
+    encodings = tokenizer.encode_batch(flatten(inputs), add_special_tokens=False)
+    return text_rows(special_ids(tokenizer), inputs, encodings, max_seq_length, truncate)
+
+
+def text_rows(
+    specials: tuple[int, int],
+    inputs: list[str] | list[TextInput],
+    encodings: list[Encoding],
+    max_seq_length: int,
+    truncate: bool = True,
+) -> EncodedTexts:
+    """`encode_texts` from the encodings of `flatten(inputs)` (the batch worker encodes many
+    requests' texts in one call). specials: (cls_id, sep_id)."""
+    cls_id, sep_id = specials
     pairs = [not isinstance(x, str) for x in inputs]
     min_length = 3 if any(pairs) else 2
     if max_seq_length < min_length:
         raise ValueError(f"max_seq_length ({max_seq_length}) leaves no room for any token")
-
-    # One batch call: `tokenizers` encodes it in parallel in Rust, and a pair's two texts are
-    # normalised and pre-tokenized independently anyway, so encoding them apart is exact.
-    ids = iter(
-        [
-            np.asarray(e.ids, dtype=np.int64)
-            for e in tokenizer.encode_batch(flat, add_special_tokens=False)
-        ]
-    )
+    ids = iter([e.ids for e in encodings])  # lists: row() copies them once, into the row
     sequences: list[Sequence] = []
     truncated = 0
     for i, is_pair in enumerate(pairs):
@@ -240,4 +287,4 @@ def encode_texts(
                 keep_a, keep_b = longest_first(len(a), len(b), budget)
                 a, b = a[:keep_a], b[:keep_b]
         sequences.append(row(cls_id, sep_id, a, b))
-    return Prepared(sequences=sequences, truncated=truncated)
+    return EncodedTexts(sequences=sequences, truncated=truncated)

@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     )
 
     # Runtime
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Server processes sharing the port, each with its own event loop and "
+        "sessions and, unless intra_op_threads is set, its share of the cores: more use a "
+        "many-core host when one event loop is the limit; each holds every model again "
+        "(memory x workers). /metrics sums them all.",
+    )
     intra_op_threads: int = Field(
         default=0,
         ge=0,

@@ -83,8 +83,10 @@ def tiny_vocabulary() -> list[str]:
     return list(dict.fromkeys(tokens))  # "a" and "i" are words and characters
 
 
-def tiny_tokenizer() -> Tokenizer:
-    path = _cache_root / "vocab" / "vocab.txt"
+def tiny_tokenizer(directory: Path | None = None) -> Tokenizer:
+    """The uncased WordPiece tokenizer of tiny_vocabulary(), its vocab.txt written into
+    `directory` (default: this session's cache) for tests that need the file too."""
+    path = (directory or _cache_root / "vocab") / "vocab.txt"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(t + "\n" for t in tiny_vocabulary()))

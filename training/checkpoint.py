@@ -7,8 +7,10 @@ theirs (bert-base-uncased, all-MiniLM-L6-v2, a fine-tuned head) open here.
     >>> save_model(model, "runs/sst2", tokenizer=tok)
     >>> AutoModelForSequenceClassification.from_pretrained("runs/sst2")  # no missing keys
 
-ALBERT checkpoints (config.json model_type "albert": AlbertModel, AlbertForSequenceClassification
-...) load and save under transformers' ALBERT names, mapped by `training/albert_layout.py`.
+Other BERT-family checkpoints (config.json model_type albert, roberta, xlm-roberta, camembert,
+electra, distilbert) load and save under their own transformers names (AlbertModel,
+RobertaForSequenceClassification, ...), mapped by `training/layouts.py`; the pretraining head
+exists for bert and albert only.
 
 A checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin, or a sharded
 model.safetensors.index.json) and optionally tokenizer.json / vocab.txt. Parameter names are
@@ -43,7 +45,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from training import albert_layout
+from training import layouts
 from training.config import BertConfig, ConfigError
 from training.model import HEADS, BertForEmbedding
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
@@ -54,31 +56,20 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 
-# task -> the transformers class we save as (and read back from config.json's architectures).
-ARCHITECTURES = {
-    "pretraining": "BertForPreTraining",
-    "classification": "BertForSequenceClassification",
-    "token-classification": "BertForTokenClassification",
-    "question-answering": "BertForQuestionAnswering",
-    "embedding": "BertModel",
-}
-# bert-base-uncased's config.json says BertForMaskedLM, though its file holds the NSP head too.
-TASK_OF_ARCHITECTURE = (
-    {a: t for t, a in ARCHITECTURES.items()}
-    | {"BertForMaskedLM": "pretraining"}
-    | albert_layout.TASK_OF_ARCHITECTURE
-)
+# config.json's architectures -> task, every family's (BertForSequenceClassification,
+# RobertaModel, ...): what load_model builds when no task is given.
+TASK_OF_ARCHITECTURE = layouts.TASK_OF_ARCHITECTURE
 
 HEAD_MODULES = (
     "bert.pooler.",
     "cls.predictions.",
     "cls.seq_relationship.",
     "classifier.",
+    "pre_classifier.",  # DistilBERT's classifier: this and classifier.*
     "qa_outputs.",
     "features.",  # a token head's layer weights (features last4-sum, all-sum)
 )
 TIED = "cls.predictions.decoder.weight"  # is bert.embeddings.word_embeddings.weight
-ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
 class CheckpointError(ValueError):
@@ -146,11 +137,16 @@ def read_pooling(path: str | Path) -> tuple[str, bool] | None:
 
 
 def read_max_seq_length(path: str | Path) -> int | None:
-    """sentence-transformers' max_seq_length (all-MiniLM-L6-v2: 256), None when not given."""
-    config_path = Path(path) / "sentence_bert_config.json"
-    if not config_path.is_file():
-        return None
-    return json.loads(config_path.read_text()).get("max_seq_length")
+    """The window a checkpoint was made for: the smaller of sentence-transformers'
+    max_seq_length (all-MiniLM-L6-v2: 256) and tokenizer_config.json's model_max_length (what
+    save_model writes); None when neither is given."""
+    found = []
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):  # fmt: skip
+        config_path = Path(path) / name
+        if config_path.is_file() and (value := json.loads(config_path.read_text()).get(key)):
+            found.append(int(value))
+    return min(found, default=None)
 
 
 def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
@@ -161,8 +157,7 @@ def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
         raise CheckpointError(str(e)) from None
     raw = json.loads(path.read_text())
     # Fields our encoder does not implement: refuse rather than compute something else.
-    if raw.get("model_type", "bert") not in ("bert", "albert"):
-        raise CheckpointError(f"{path}: model_type {raw['model_type']!r} is not bert or albert")
+    # (An unsupported model_type has already failed in BertConfig, naming the supported ones.)
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(
             f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not supported"
@@ -234,12 +229,11 @@ def sha256(path: str | Path) -> str:
 
 
 def _our_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """File names -> our module names: add `bert.`, rename TF-era LayerNorm gamma/beta, drop
-    position_ids buffers and the tied decoder (weight = embeddings, bias = cls.predictions.bias)."""
+    """After the family's layout (which adds `bert.` to a bare encoder's names): rename TF-era
+    LayerNorm gamma/beta, drop position_ids buffers and the tied decoder (weight = embeddings,
+    bias = cls.predictions.bias)."""
     out: dict[str, Tensor] = {}
     for name, tensor in state.items():
-        if name.startswith(ENCODER_PREFIXES):
-            name = "bert." + name
         if ".LayerNorm." in name and name.endswith((".gamma", ".beta")):
             name = name.rsplit(".", 1)[0] + (".weight" if name.endswith("gamma") else ".bias")
         if name.endswith(("embeddings.position_ids", "embeddings.token_type_ids")) or name == TIED:
@@ -251,15 +245,23 @@ def _our_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _match(model: nn.Module, state: dict[str, Tensor], path: Path, task: str) -> dict[str, Tensor]:
-    """Check `state` against the model; return what to load. Raises on anything unexplained."""
+def _match(
+    model: nn.Module,
+    state: dict[str, Tensor],
+    path: Path,
+    task: str,
+    layout: layouts.Layout,
+    foreign: list[str],
+) -> dict[str, Tensor]:
+    """Check `state` (our names) against the model; return what to load. Raises on anything
+    unexplained, naming weights as the file's family does (layout.to_hf); `foreign` are file
+    names that are not the family's at all, unexpected whatever the head."""
     expected = {k: v for k, v in model.state_dict().items() if k != TIED}
     unexpected = [k for k in state if k not in expected]
     dropped_cls = [k for k in unexpected if k.startswith("cls.")]
     # The pooler goes silently when the head has none (token classification, QA, embedding).
     unexpected = [k for k in unexpected if not k.startswith(("cls.", "bert.pooler."))]
-    if unexpected:
-        raise CheckpointError(f"{path}: unexpected weights for {task}: {_keys(unexpected)}")
+    unexpected = [layout.to_hf(k) for k in unexpected] + foreign
 
     missing = [k for k in expected if k not in state]
     fresh = []
@@ -268,10 +270,18 @@ def _match(model: nn.Module, state: dict[str, Tensor], path: Path, task: str) ->
         if module and all(k in missing for k in module):
             fresh += module
     missing = [k for k in missing if k not in fresh]
-    if missing:
-        raise CheckpointError(f"{path}: missing weights for {task}: {_keys(missing)}")
+    problems = [
+        f"{what} weights for {task}: {_keys(names)}"
+        for what, names in (
+            ("missing", [layout.to_hf(k) for k in missing]),
+            ("unexpected", unexpected),
+        )
+        if names
+    ]
+    if problems:  # both lists at once: a wrong family or head shows as both
+        raise CheckpointError(f"{path}: {'; '.join(problems)}")
     wrong = [
-        f"{k} {tuple(state[k].shape)} (model {tuple(v.shape)})"
+        f"{layout.to_hf(k)} {tuple(state[k].shape)} (model {tuple(v.shape)})"
         for k, v in expected.items()
         if k in state and state[k].shape != v.shape
     ]
@@ -337,11 +347,20 @@ def load_model(
         if pooling:
             head_args.setdefault("pooling", pooling[0])
             head_args.setdefault("normalize", pooling[1])
+    if task == "pretraining" and config.model_type not in ("bert", "albert"):
+        raise CheckpointError(
+            f"{directory}: {config.model_type} has no pretraining head here (bert and albert "
+            "only); pass task= classification, token-classification, question-answering or "
+            "embedding"
+        )
     model = HEADS[task](config, **head_args)
+    layout = layouts.LAYOUTS[config.model_type]
     state = load_state_dict_file(directory)
-    if config.model_type == "albert":
-        state = {albert_layout.from_albert(k): v for k, v in state.items()}
-    state = _match(model, _our_names(state), file, task)
+    # Names in BERT's layout under another family's config.json: our own names, so they would
+    # load unnoticed into, say, RoBERTa's position scheme. They belong to another model.
+    foreign = [k for k in state if layout.prefix != "bert." and k.startswith("bert.")]
+    state = {layout.from_hf(k): v for k, v in state.items() if k not in foreign}
+    state = _match(model, _our_names(state), file, task, layout, foreign)
     model.load_state_dict(state, strict=False)  # _match has accounted for every key
     return model.eval()
 
@@ -389,10 +408,12 @@ def _write_sentence_transformers(
     (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
     # model_args reach BertModel.from_pretrained: our embedding models have no pooler, so
     # without this sentence-transformers would build a random one and warn about it.
+    # ElectraModel and DistilBertModel have none to leave out, and refuse the argument.
+    no_pooler = {"add_pooling_layer": False} if model.config.has_pooler else {}
     st_config = {
         "max_seq_length": max_seq_length or model.config.max_position_embeddings,
         "do_lower_case": False,
-        "model_args": {"add_pooling_layer": False},
+        "model_args": no_pooler,
     }
     (directory / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2) + "\n")
 
@@ -405,8 +426,10 @@ def save_model(
     max_seq_length: int | None = None,
 ) -> Path:
     """Write config.json + model.safetensors (+ tokenizer files) in the Hugging Face layout.
-    max_seq_length: what sentence-transformers truncates an embedding model's input to
-    (default: max_position_embeddings; pass read_max_seq_length(source) to keep a model's)."""
+    max_seq_length: the window the model was trained with, saved as the tokenizer's
+    model_max_length and (embedding models) sentence-transformers' max_seq_length, which
+    training.export reads (default: max_position_embeddings; read_max_seq_length(source)
+    keeps a model's)."""
     task = _task_of(model)
     directory = Path(path)
     config: BertConfig = model.config
@@ -427,17 +450,16 @@ def save_model(
     # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
     # transformers re-ties it on load, so (like transformers) it is not written.
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
-    prefix, architectures = "bert.", ARCHITECTURES
-    if config.model_type == "albert":
-        state = {albert_layout.to_albert(k): v for k, v in state.items()}
-        prefix, architectures = "albert.", albert_layout.ARCHITECTURES
-    if task == "embedding":  # a bare BertModel / AlbertModel, as sentence-transformers stores it
-        state = {k.removeprefix(prefix): v for k, v in state.items()}
+    layout = layouts.LAYOUTS[config.model_type]
+    state = {layout.to_hf(k): v for k, v in state.items()}
+    if task == "embedding":  # a bare BertModel / RobertaModel..., as sentence-transformers has it
+        state = {k.removeprefix(layout.prefix): v for k, v in state.items()}
     directory.mkdir(parents=True, exist_ok=True)
-    config.save(directory, architectures[task])
+    config.save(directory, layout.architectures[task])
     save_file(state, directory / SAFETENSORS, metadata={"format": "pt"})
     if task == "embedding":
         _write_sentence_transformers(model, directory, max_seq_length)  # type: ignore[arg-type]
     if tokenizer is not None:
-        save_tokenizer(tokenizer, directory, model_max_length=config.max_position_embeddings)
+        window = max_seq_length or config.max_position_embeddings
+        save_tokenizer(tokenizer, directory, model_max_length=window)
     return directory

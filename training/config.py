@@ -9,8 +9,15 @@ True
 
 ALBERT (Lan et al. 2019) is two options of the same encoder: `embedding_size` E (token,
 position and segment embeddings of width E, then one E -> H projection) and `share_layers`
-(one layer's weights applied num_hidden_layers times). A config with `embedding_size` set is
-an ALBERT config: config.json says model_type "albert" in transformers' AlbertConfig terms.
+(one layer's weights applied num_hidden_layers times). Between bert and albert, embedding_size
+decides: a BERT config given one is an ALBERT config, in transformers' AlbertConfig terms.
+
+The other BERT-family checkpoints are the same encoder too, told apart by `model_type` (the
+config.json field): RoBERTa, XLM-R and CamemBERT count positions from pad_token_id + 1 over
+the real tokens and usually have type_vocab_size 1; ELECTRA's discriminator projects E -> H
+like ALBERT (without sharing); DistilBERT has no token-type embeddings (type_vocab_size 0) and
+optionally a fixed sinusoidal position table (`sinusoidal_pos_embds`), and its config.json
+uses its own names (dim, n_layers, ...). Heads differ per family: see training/model.py.
 """
 
 from __future__ import annotations
@@ -48,6 +55,18 @@ ALBERT = dict(
 PRESET_OPTIONS: dict[str, dict[str, Any]] = {"albert-base": ALBERT, "albert-large": ALBERT}
 
 PROBLEM_TYPES = tuple(HF_PROBLEM_TYPES)  # Hugging Face config.json spelling
+
+# Fine-tuning and evaluation windows by task, as google-research/bert: run_classifier.py
+# max_seq_length 128; run_squad.py 384 / doc_stride 128 / max_answer_length 30. Token
+# classification and embeddings use 128 as well.
+DEFAULT_MAX_SEQ_LENGTH = {
+    "classification": 128,
+    "token-classification": 128,
+    "question-answering": 384,
+    "embedding": 128,
+}
+DOC_STRIDE = 128
+MAX_ANSWER_LENGTH = 30
 # Feature-based token classification (Devlin et al. 2018 §5.3): which hidden states the
 # classifier reads, as (indices into the L + 1 states, 0 = embeddings; how to combine them).
 # Table 7, CoNLL-2003 dev F1 of frozen BERT-base features under a 2-layer BiLSTM, in comments.
@@ -61,8 +80,36 @@ FEATURES: dict[str, tuple[tuple[int, ...] | str, str]] = {
 }
 
 
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")  # one layout, three tokenizers
+MODEL_TYPES = ("bert", "albert", *ROBERTA_FAMILY, "electra", "distilbert")
+# Fields transformers' config classes default when config.json leaves them out (save_pretrained
+# writes only what differs from PretrainedConfig's own defaults, and pad 1 does).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    **{t: {"pad_token_id": 1} for t in ROBERTA_FAMILY},
+    "electra": {"embedding_size": 128},
+}
+# DistilBertConfig's names for BertConfig's fields; it has no token types and a fixed eps.
+DISTILBERT_NAMES = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim",
+    "hidden_act": "activation",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
+DISTILBERT_LAYER_NORM_EPS = 1e-12  # hard-coded in modeling_distilbert's LayerNorms
+
+
 class ConfigError(ValueError):
     """A config.json that cannot describe a BERT encoder."""
+
+
+def _check_model_type(model_type: str) -> None:
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -87,6 +134,10 @@ class BertConfig:
     # projection, plain BERT), and one set of layer weights for every layer.
     embedding_size: int | None = None
     share_layers: bool = False
+    # The checkpoint family (MODEL_TYPES): its parameter names, position ids and heads.
+    model_type: str = "bert"
+    # DistilBERT: a fixed sin/cos position table (Vaswani et al. 2017 §3.5) instead of a learned one.
+    sinusoidal_pos_embds: bool = False
     # Token classification: the hidden states its classifier reads (FEATURES). Not a
     # transformers field: transformers would run a non-"last" head over the last layer.
     features: str = "last"
@@ -97,6 +148,12 @@ class BertConfig:
     classifier_pooling: str = "cls"
 
     def __post_init__(self) -> None:
+        _check_model_type(self.model_type)
+        if self.model_type in ("bert", "albert"):  # frozen: set through object.__setattr__
+            bert_or_albert = "bert" if self.embedding_size is None else "albert"
+            object.__setattr__(self, "model_type", bert_or_albert)
+        if self.model_type == "electra" and self.embedding_size == self.hidden_size:
+            object.__setattr__(self, "embedding_size", None)  # ElectraModel has no projection then
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of "
@@ -116,10 +173,25 @@ class BertConfig:
             raise ConfigError(
                 f"features {self.features!r} needs more than {self.num_hidden_layers} layers"
             )
-        if self.share_layers and self.embedding_size is None:
+        if self.share_layers and self.model_type != "albert":
             # transformers' BERT has no shared layers, so the checkpoint could not be BERT's;
             # ALBERT's always projects (embedding_size = hidden_size keeps the width).
             raise ConfigError("share_layers is an ALBERT option: set embedding_size too")
+        if self.embedding_size is not None and self.model_type not in ("albert", "electra"):
+            raise ConfigError(
+                f"embedding_size is an ALBERT or ELECTRA option, not {self.model_type}"
+            )
+        if self.sinusoidal_pos_embds and self.model_type != "distilbert":
+            raise ConfigError("sinusoidal_pos_embds is a DistilBERT option")
+        if (self.model_type == "distilbert") != (self.type_vocab_size == 0):
+            raise ConfigError(
+                f"type_vocab_size {self.type_vocab_size}: DistilBERT, and only DistilBERT, "
+                "has no token-type embeddings (type_vocab_size 0)"
+            )
+        if self.model_type == "distilbert" and self.layer_norm_eps != DISTILBERT_LAYER_NORM_EPS:
+            raise ConfigError(
+                f"DistilBERT's layer_norm_eps is fixed at {DISTILBERT_LAYER_NORM_EPS}"
+            )
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
@@ -138,9 +210,16 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     @property
-    def model_type(self) -> str:
-        """'albert' when the embeddings are factorised (ALBERT's layout), else 'bert'."""
-        return "bert" if self.embedding_size is None else "albert"
+    def position_offset(self) -> int:
+        """Where real tokens' position ids start. 0: BERT's 0, 1, 2... for every token. RoBERTa
+        family: pad_token_id + 1, counting real tokens only, padding at pad_token_id (fairseq's
+        make_positions), so only max_position_embeddings - pad_token_id - 1 tokens fit."""
+        return self.pad_token_id + 1 if self.model_type in ROBERTA_FAMILY else 0
+
+    @property
+    def has_pooler(self) -> bool:
+        """ELECTRA and DistilBERT encoders have no pooler (no NSP pretraining to train one)."""
+        return self.model_type not in ("electra", "distilbert")
 
     @property
     def feature_layers(self) -> list[int]:
@@ -174,7 +253,11 @@ class BertConfig:
                 continue
             if f.name in ("problem_type", "embedding_size") and value is None:
                 continue
-            if (f.name, value) in (("features", "last"), ("classifier_pooling", "cls")):
+            if f.name == "model_type" or (f.name, value) in (
+                ("features", "last"),
+                ("classifier_pooling", "cls"),
+                ("sinusoidal_pos_embds", False),
+            ):
                 continue
             if f.name == "share_layers":  # AlbertConfig's terms: groups of layers sharing weights
                 if self.model_type == "albert":
@@ -182,10 +265,21 @@ class BertConfig:
                     d["inner_group_num"] = 1
                 continue
             d[f.name] = value
+        if self.model_type == "electra":  # ElectraConfig says embedding_size even when E = H
+            d["embedding_size"] = self.embedding_size or self.hidden_size
+        if self.model_type == "distilbert":
+            del d["type_vocab_size"], d["layer_norm_eps"]
+            d["sinusoidal_pos_embds"] = self.sinusoidal_pos_embds
+            d = {DISTILBERT_NAMES.get(k, k): v for k, v in d.items()}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+        model_type = d.get("model_type", "bert")
+        _check_model_type(model_type)
+        d = {**FAMILY_DEFAULTS.get(model_type, {}), **d}
+        if model_type == "distilbert":
+            d = _distilbert_fields(d)
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}  # unknown keys are ignored
         if d.get("id2label"):
@@ -193,9 +287,9 @@ class BertConfig:
         elif "id2label" in kwargs:
             kwargs["id2label"] = None
         kwargs.pop("share_layers", None)  # not an HF field: ALBERT says num_hidden_groups
-        if d.get("model_type") == "albert":
+        if model_type == "albert":
             kwargs.update(_albert_fields(d))
-        else:  # e.g. ELECTRA's embedding_size: only ALBERT's means what ours does
+        elif model_type != "electra":  # only ALBERT's and ELECTRA's mean a projection
             kwargs.pop("embedding_size", None)
         return cls(**kwargs)
 
@@ -238,3 +332,13 @@ def _albert_fields(d: dict[str, Any]) -> dict[str, Any]:
         "share_layers": groups == 1,
         "hidden_act": d.get("hidden_act", "gelu_new"),
     }
+
+
+def _distilbert_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """A DistilBertConfig dict in BertConfig's names (its defaults where absent)."""
+    defaults = {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
+                "activation": "gelu", "dropout": 0.1, "attention_dropout": 0.1}  # fmt: skip
+    out = {k: v for k, v in d.items() if k not in DISTILBERT_NAMES}  # its attribute_map aliases
+    for ours, theirs in DISTILBERT_NAMES.items():
+        out[ours] = d.get(theirs, defaults[theirs])
+    return out | {"type_vocab_size": 0, "layer_norm_eps": DISTILBERT_LAYER_NORM_EPS}

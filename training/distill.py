@@ -24,7 +24,6 @@ metrics on --eval, the layers the student came from, and student_over_teacher (m
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -39,8 +38,10 @@ from torch import Tensor, nn
 
 from training import finetune as ft
 from training.checkpoint import load_model
+from training.cli import make_parser, option
+from training.config import DEFAULT_MAX_SEQ_LENGTH
 from training.data.batch import IGNORE
-from training.evaluate import DEFAULT_MAX_SEQ_LENGTH, make_evaluator, torch_runner
+from training.evaluate import make_evaluator, torch_runner
 from training.model import HEADS
 from training.tokenizer import load_tokenizer
 
@@ -146,16 +147,16 @@ class TripleLoss:
         cos = cosine_loss(s_hidden, t_hidden, batch["attention_mask"])
         return {"kd": kd, "cos": cos, "task": s_out.loss}
 
-    def __call__(self, student: nn.Module, task: str, batch: dict[str, Tensor]) -> Tensor:
+    def __call__(
+        self, student: nn.Module, task: str, batch: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """The weighted sum as "loss", and each term (logged by the loop as kd_loss, ...)."""
         p = self.parts(student, task, batch)
-        return self.alpha_kd * p["kd"] + self.alpha_cos * p["cos"] + self.alpha_task * p["task"]
+        total = self.alpha_kd * p["kd"] + self.alpha_cos * p["cos"] + self.alpha_task * p["task"]
+        return {"loss": total} | {f"{k}_loss": v for k, v in p.items()}
 
 
 # --- the command ----------------------------------------------------------------------------
-
-
-def _arg(default: Any, help: str, **kwargs: Any) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
 
 
 @dataclass
@@ -165,36 +166,36 @@ class DistillArgs(ft.FinetuneArgs):
     examples/research_projects/distillation: --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0,
     temperature 2.0), the task loss in the MLM loss's place."""
 
-    task: str = _arg(None, "the teacher's head, which the student keeps", choices=TASKS, required=True)  # fmt: skip
-    teacher: str = _arg(
-        None, "fine-tuned checkpoint to distil (training.finetune's best/)", required=True
-    )
-    student_layers: int = _arg(None, "layers of the student (e.g. 3 for a 6-layer MiniLM)", required=True)  # fmt: skip
-    teacher_layers: str | None = _arg(
-        None, "comma list of the teacher layers to start from (default: one out of two: 0,2,4)"
-    )
-    temperature: float = _arg(2.0, "softmax temperature T of the soft targets (higher: softer)")
-    alpha_kd: float = _arg(5.0, "weight of the soft-target KL loss (scaled by T^2)")
-    alpha_cos: float = _arg(1.0, "weight of the cosine loss between last hidden states")
-    alpha_task: float = _arg(2.0, "weight of the task loss on the gold labels (0: teacher only)")
+    task: str = option(None, "the teacher's head, which the student keeps", choices=TASKS, required=True)  # fmt: skip
+    teacher: str = option(None, "fine-tuned checkpoint to distil (finetune's best/)", required=True)  # fmt: skip
+    student_layers: int = option(None, "layers of the student (e.g. 3 of 6)", required=True)
+    teacher_layers: str | None = option(None, "teacher layers to start from (default 0,2,4,...)")
+    temperature: float = option(2.0, "softmax temperature T of the soft targets")
+    alpha_kd: float = option(5.0, "weight of the soft-target KL loss (scaled by T^2)")
+    alpha_cos: float = option(1.0, "weight of the cosine loss between last hidden states")
+    alpha_task: float = option(2.0, "weight of the task loss on gold labels (0: teacher only)")
 
 
 # Fine-tuning options that do not apply: the student comes from the teacher, whole.
-NOT_OPTIONS = ("init", "tokenizer", "freeze_encoder", "features", "pooling", "resume")
+NOT_OPTIONS = ("init", "tokenizer", "labels", "freeze_encoder", "features", "pooling", "resume")
+FINETUNE_OPTIONS = {f.name for f in dataclasses.fields(ft.FinetuneArgs)}
 
 
 def parse_args(argv: list[str] | None = None) -> DistillArgs:
-    parser = argparse.ArgumentParser(
+    own = [f.name for f in dataclasses.fields(DistillArgs) if f.name not in FINETUNE_OPTIONS]
+    parser = make_parser(
+        DistillArgs,
         prog="python -m training.distill",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Every other option is training.finetune's and means the same there.",
+        summary="Distil a fine-tuned teacher into a shallower student (DistilBERT's loss).\n"
+        "Options after --alpha-task are training.finetune's.",
+        examples=[
+            "python -m training.distill --teacher runs/sst2/best --student-layers 3 "
+            "--task classification --train ../shared/data/sst2/train.tsv "
+            "--eval ../shared/data/sst2/dev.tsv --out runs/sst2-l3 --export"
+        ],
+        skip=NOT_OPTIONS,
+        first=["task", *own],
     )
-    fields = dataclasses.fields(DistillArgs)
-    own = {f.name for f in fields} - {f.name for f in dataclasses.fields(ft.FinetuneArgs)}
-    first = [f for f in fields if f.name in own or f.name == "task"]
-    rest = [f for f in fields if f not in first and f.name not in NOT_OPTIONS]
-    ft.add_arguments(parser, first + rest)
     return DistillArgs(**vars(parser.parse_args(argv)))
 
 

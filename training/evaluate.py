@@ -11,13 +11,11 @@ for anchor/positive pairs, recall@1 of each anchor's positive among all positive
 
 A PyTorch model and an ONNX Runtime session run through the same code (`Runner`: padded
 numpy feeds in, outputs out), and question answering decodes spans with the service's
-`service.tasks.qa.encode_post`, so the figures are those of the answers the service gives.
+`service.tasks.qa.postprocess`, so the figures are those of the answers the service gives.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -36,6 +34,8 @@ from service.contract import TASKS
 from service.rows import Outputs, Sequence, encode_texts
 from service.rows import pad as pad_sequences
 from service.tasks import qa
+from training.cli import option, parse
+from training.config import DEFAULT_MAX_SEQ_LENGTH, DOC_STRIDE, MAX_ANSWER_LENGTH
 from training.data.batch import IGNORE
 from training.data.classification import encode_classification, read_classification
 from training.data.pairs import ScoredPair, TextPair, read_pairs
@@ -43,30 +43,12 @@ from training.data.records import DataError
 from training.data.squad import QAExample, prepare, read_squad
 from training.data.token_classification import TaggedSentence, encode_tagged, read_tagged
 from training.metrics import classification_scores, ner_scores, spearman, squad_scores
-
-# google-research/bert: run_classifier.py max_seq_length 128; run_squad.py 384 / doc_stride 128
-# / max_answer_length 30. Token classification and embeddings use 128 as well.
-DEFAULT_MAX_SEQ_LENGTH = {
-    "classification": 128,
-    "token-classification": 128,
-    "question-answering": 384,
-    "embedding": 128,
-}
-DOC_STRIDE = 128
-MAX_ANSWER_LENGTH = 30
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from training.trainer import DTYPES, autocast
 
 # One padded batch of feeds (input_ids, attention_mask, token_type_ids: (B, T) int64) ->
 # outputs by name: logits (B, C) or (B, T, C), start_logits / end_logits (B, T), embeddings (B, H).
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 OUTPUT_NAMES = tuple(dict.fromkeys(n for names in TASK_OUTPUTS.values() for n in names))
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Mixed precision for `precision` bf16 / fp16; fp32 runs as is."""
-    if DTYPES[precision] is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
 def torch_runner(model: nn.Module, precision: str = "fp32") -> Runner:
@@ -99,12 +81,13 @@ def run_rows(
     runner: Runner, sequences: list[Sequence], batch_size: int, desc: str | None = "eval"
 ) -> list[Outputs]:
     """Each row's outputs with the batch axis removed and per-token outputs cut to the row's
-    length, as the service's batcher hands them to `encode_post`. Rows are batched by length,
+    length, as the service's batcher hands them to `postprocess`. Rows are batched by length,
     so that little compute goes to padding."""
     order = np.argsort([len(s) for s in sequences], kind="stable")
     results: list[Outputs] = [{} for _ in sequences]
     starts = range(0, len(order), batch_size)
-    for start in tqdm(starts, desc=desc, leave=False, disable=desc is None, unit="batch"):
+    # disable None: a bar only on a terminal, so that service and CI logs stay plain
+    for start in tqdm(starts, desc=desc, leave=False, disable=None if desc else True, unit="batch"):
         idx = order[start : start + batch_size]
         out = runner(pad_sequences([sequences[i] for i in idx]))
         for j, i in enumerate(idx):
@@ -173,7 +156,7 @@ class TaggingEval:
 @dataclass
 class QuestionAnsweringEval:
     examples: list[QAExample]
-    prepared: list[qa.Prepared]
+    prepared: list[qa.WindowedContext]
     max_answer_len: int = MAX_ANSWER_LENGTH
     main_metric: str = "f1"
     predictions: dict[str, str] = field(default_factory=dict)  # id -> answer, of the last call
@@ -185,7 +168,7 @@ class QuestionAnsweringEval:
         k = 0
         for e, p in zip(self.examples, self.prepared, strict=True):
             n = len(p.windows)
-            answers = qa.encode_post(
+            answers = qa.postprocess(
                 p, outs[k : k + n], 1, self.max_answer_len, handle_impossible_answer=impossible
             )
             k += n
@@ -259,45 +242,35 @@ def make_evaluator(
 # --- command line -----------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m training.evaluate",
-        description=__doc__.split("\n\n")[0],
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a checkpoint folder (Hugging Face layout)")
-    source.add_argument("--package", help="an exported model package folder (ONNX Runtime, CPU)")
-    p.add_argument(
-        "--task", choices=TASKS, help="required with --checkpoint; a package knows its own"
-    )
-    p.add_argument("--eval", required=True, help="evaluation data, in the format finetune reads")
-    p.add_argument("--max-seq-length", type=int, help="default: the package's, else 128 (QA: 384)")
-    p.add_argument(
-        "--doc-stride",
-        type=int,
-        default=DOC_STRIDE,
-        help="QA: context tokens shared by consecutive windows (default 128)",
-    )
-    p.add_argument(
-        "--max-answer-length",
-        type=int,
-        default=MAX_ANSWER_LENGTH,
-        help="QA: longest answer in tokens (default 30, as run_squad.py)",
-    )
-    p.add_argument("--batch-size", type=int, default=64, help="rows per batch (default 64)")
-    p.add_argument("--limit", type=int, help="evaluate on the first N examples only")
-    p.add_argument(
-        "--variant", default="fp32", help="package variant to run: fp32 (default), fp16, int8"
-    )
-    p.add_argument(
-        "--precision",
-        choices=DTYPES,
-        default="fp32",
-        help="checkpoint on a GPU: autocast dtype (default fp32)",
-    )
-    p.add_argument("--output", help="also write the metrics to this JSON file")
-    args = p.parse_args(argv)
+@dataclass
+class EvaluateArgs:
+    checkpoint: str | None = option(None, "a checkpoint folder (HF layout; needs --task)")
+    package: str | None = option(None, "an exported package folder (ONNX Runtime, CPU)")
+    task: str | None = option(None, "the head, with --checkpoint", choices=TASKS)
+    eval: str = option(None, "evaluation data, in the format finetune reads", required=True)
+    max_seq_length: int | None = option(None, "tokens per row (default: the package's, else 128; QA 384)")  # fmt: skip
+    doc_stride: int = option(DOC_STRIDE, "QA: context tokens consecutive windows share")
+    max_answer_length: int = option(MAX_ANSWER_LENGTH, "QA: longest answer in tokens")
+    batch_size: int = option(64, "rows per batch")
+    limit: int | None = option(None, "evaluate on the first N examples only")
+    variant: str = option("fp32", "package variant to run: fp32, fp16, int8")
+    precision: str = option("fp32", "checkpoint on a GPU: autocast dtype", choices=tuple(DTYPES))
+    output: str | None = option(None, "also write the metrics to this JSON file")
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(
+        EvaluateArgs,
+        argv,
+        prog="python -m training.evaluate",
+        summary="Score a checkpoint or an exported package on a task's evaluation data.",
+        examples=[
+            "python -m training.evaluate --package runs/sst2/package --eval ../shared/data/sst2/dev.tsv"
+        ],  # fmt: skip
+    )
+    if bool(args.checkpoint) == bool(args.package) or (args.checkpoint and not args.task):
+        print("error: give --package, or --checkpoint with --task", file=sys.stderr)
+        return 2
     if args.package:
         from service.rows import load_tokenizer as load_package_tokenizer
 
@@ -306,17 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_package_tokenizer(package.tokenizer_path)
         max_seq_length = args.max_seq_length or package.max_seq_length
     else:
-        from training.checkpoint import load_model
+        from training.checkpoint import load_model, read_max_seq_length
         from training.tokenizer import load_tokenizer
 
-        if not args.task:
-            p.error("--checkpoint needs --task")
         model = load_model(args.checkpoint, task=args.task)
         if torch.cuda.is_available():
             model.cuda()
         runner, task = torch_runner(model, args.precision), args.task
         labels, tokenizer = model.config.labels, load_tokenizer(args.checkpoint)
-        max_seq_length = args.max_seq_length
+        # the window it was trained with (finetune's best/ records it), as export reads it
+        max_seq_length = args.max_seq_length or read_max_seq_length(args.checkpoint)
     try:
         evaluator = make_evaluator(
             task,

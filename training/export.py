@@ -31,7 +31,6 @@ silently for every head. fp16 on CPU ORT runs, but no faster than fp32.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -59,11 +58,13 @@ from service.contract import (
     HIDDEN_STATE_OUTPUTS,
     INPUT_NAMES,
     OUTPUT_NAMES,
+    POOLINGS,
     TASKS,
     VARIANT_FILES,
 )
 from service.package import ModelPackage, write_package
-from training.checkpoint import CheckpointError, load_model
+from training.checkpoint import CheckpointError, load_model, read_max_seq_length
+from training.cli import option, parse
 from training.model import BertSelfAttention, pool, set_attention_implementation
 from training.tokenizer import TokenizerError, do_lower_case, load_tokenizer
 
@@ -306,12 +307,10 @@ def convert_fp16(src: Path, dst: Path) -> None:
 
 
 def default_max_seq_length(config: Any, checkpoint: Path | None) -> int:
-    """min(max_position_embeddings, 512, sentence-transformers' max_seq_length if present)."""
+    """min(max_position_embeddings, 512, the window the checkpoint was trained with if it
+    says: training.finetune's best/, sentence-transformers' max_seq_length)."""
     limit = min(config.max_position_embeddings, 512)
-    st = checkpoint / "sentence_bert_config.json" if checkpoint else None
-    if st and st.is_file():
-        limit = min(limit, int(json.loads(st.read_text()).get("max_seq_length") or limit))
-    return limit
+    return min(limit, (read_max_seq_length(checkpoint) if checkpoint else None) or limit)
 
 
 def task_metadata(
@@ -592,68 +591,33 @@ def _replace(staging: Path, out_dir: Path) -> None:
     staging.rename(out_dir)
 
 
+@dataclasses.dataclass
+class ExportArgs:
+    checkpoint: Path = option(
+        None, "checkpoint folder (HF layout, tokenizer inside)", required=True
+    )
+    task: str = option(None, "the head to export", choices=TASKS, required=True)
+    out: Path = option(None, "package folder to write (replaced if a package)", required=True)
+    name: str | None = option(None, "model name the API uses (default: --out's name)")
+    max_seq_length: int | None = option(None, "tokens per window (default: the checkpoint's)")
+    variants: str = option("fp32", "comma list of fp32, int8 (CPU), fp16 (GPU)")
+    pooling: str | None = option(None, "embedding: cls or mean (default: the checkpoint's)", choices=POOLINGS)  # fmt: skip
+    no_normalize: bool = option(False, "embedding: do not L2-normalise by default")
+    hidden_states: bool = option(False, "embedding: also every layer's pooled states")
+    opset: int = option(18, "ONNX opset, 18 or later")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    args = parse(
+        ExportArgs,
+        argv,
         prog="python -m training.export",
-        description=__doc__,
-        epilog="The service serves every package under its model folder; see service/package.py "
-        "for what package.json holds.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        summary="Export a checkpoint as a model package the service loads (ONNX, parity checked).",
+        examples=[
+            "python -m training.export --checkpoint runs/sst2/best --task classification "
+            "--out models/sst2 --variants fp32,int8"
+        ],
     )
-    parser.add_argument(
-        "--checkpoint",
-        required=True,
-        type=Path,
-        help="Hugging Face layout folder: config.json, model.safetensors, tokenizer",
-    )
-    parser.add_argument(
-        "--task",
-        required=True,
-        choices=TASKS,
-        help="which head to export; decides the graph's outputs",
-    )
-    parser.add_argument(
-        "--out",
-        required=True,
-        type=Path,
-        help="package folder to write, e.g. models/sst2 (replaced if it is a package)",
-    )
-    parser.add_argument("--name", help="model name the API uses (default: the --out folder name)")
-    parser.add_argument(
-        "--max-seq-length",
-        type=int,
-        help="tokens per window; default min(max_position_embeddings, 512, "
-        "sentence-transformers' max_seq_length)",
-    )
-    parser.add_argument(
-        "--variants",
-        default="fp32",
-        help="comma list of fp32, int8 (CPU: ~2x faster, small accuracy cost), "
-        "fp16 (GPU); fp32 is always written (default: fp32)",
-    )
-    parser.add_argument(
-        "--pooling",
-        choices=("mean", "cls"),
-        help="embedding only; default from the checkpoint's 1_Pooling/config.json, else mean",
-    )
-    parser.add_argument(
-        "--no-normalize",
-        dest="normalize",
-        action="store_false",
-        default=None,
-        help="embedding only: do not L2-normalise by default",
-    )
-    parser.add_argument(
-        "--hidden-states",
-        action="store_true",
-        help="embedding only: also output every layer's states, pooled by CLS and by mean, so "
-        "that /embed can answer `layers` (e.g. [-1, -2, -3, -4]) and `pooling` per request "
-        "(Devlin et al. 2018 §5.3, feature-based use); costs one small output per layer",
-    )
-    parser.add_argument(
-        "--opset", type=int, default=18, help="ONNX opset, 18 or later (default: 18)"
-    )
-    args = parser.parse_args(argv)
     try:
         if not args.checkpoint.is_dir():
             raise ExportError(f"{args.checkpoint}: no such checkpoint folder")
@@ -667,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_length=args.max_seq_length,
             variants=[v.strip() for v in args.variants.split(",") if v.strip()],
             pooling=args.pooling,
-            normalize=args.normalize,
+            normalize=False if args.no_normalize else None,
             source={
                 "arguments": {
                     k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()

@@ -8,6 +8,12 @@ ALBERT (Lan et al. 2019) is the same encoder with two config options: `embedding
 `share_layers` (`encoder.layer` holds one layer, applied num_hidden_layers times). Its
 checkpoints use transformers' ALBERT names; `training/albert_layout.py` maps them.
 
+RoBERTa (XLM-R, CamemBERT), ELECTRA and DistilBERT are this encoder too, with options set by
+config.model_type (see training/config.py): RoBERTa's position ids, ELECTRA's E -> H
+projection (ALBERT's module), DistilBERT's missing token types and sinusoidal positions. Their
+heads are transformers' own per family (classification differs; token and QA heads do not),
+and `training/layouts.py` maps their parameter names.
+
     >>> from training.config import BertConfig
     >>> from training.model import BertForSequenceClassification
     >>> model = BertForSequenceClassification(BertConfig.preset("tiny"), num_labels=2)
@@ -31,6 +37,7 @@ from training.config import FEATURES, BertConfig
 
 ACT = {
     "gelu": nn.GELU(),  # exact erf GELU, as the original BERT code
+    "tanh": nn.Tanh(),  # RoBERTa's classification head
     "gelu_new": nn.GELU(approximate="tanh"),
     "gelu_pytorch_tanh": nn.GELU(approximate="tanh"),
     "relu": nn.ReLU(),
@@ -42,26 +49,53 @@ ACT = {
 
 class BertEmbeddings(nn.Module):
     """token + learned absolute position + segment embeddings, then LayerNorm and dropout.
-    Width E: hidden_size, or ALBERT's embedding_size (V x E instead of V x H parameters)."""
+    Width E: hidden_size, or ALBERT's / ELECTRA's embedding_size (V x E instead of V x H).
+    DistilBERT has no segment embeddings (type_vocab_size 0) and may fix its position table
+    to sinusoids; the RoBERTa family numbers positions from pad_token_id + 1."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         E = config.embedding_size or config.hidden_size
+        self.pad_token_id = config.pad_token_id
+        self.position_offset = config.position_offset
         self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
+        # RoBERTa's position table has a padding row too (the position padding tokens get).
+        pad_position = config.pad_token_id if self.position_offset else None
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E, pad_position)
+        self.sinusoidal = config.sinusoidal_pos_embds
+        if self.sinusoidal:  # fixed, as in DistilBERT: fine-tuning must not move it
+            self.position_embeddings.weight.requires_grad_(False)
+        self.token_type_embeddings: nn.Embedding | None = None
+        if config.type_vocab_size:
+            self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
         self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(positions)
-            + self.token_type_embeddings(token_type_ids)
-        )  # (B, T, E)
+        if self.position_offset:
+            # fairseq's make_positions: real tokens count up from pad_token_id + 1, padding
+            # stays at pad_token_id. Read from input_ids (not the mask), as transformers does.
+            real = (input_ids != self.pad_token_id).long()  # (B, T)
+            positions = torch.cumsum(real, dim=1) * real + self.pad_token_id
+        else:
+            positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)  # (B, T, E)
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
+
+
+def sinusoids(n_positions: int, dim: int) -> Tensor:
+    """(n_positions, dim) table of Vaswani et al. 2017 §3.5: sin(pos / 10000^(2i/dim)) in
+    column 2i, cos of the same angle in column 2i + 1. Computed in float64, then rounded."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    i = torch.arange(0, dim, 2, dtype=torch.float64)  # 2i
+    angle = pos / 10000 ** (i / dim)  # (n_positions, ceil(dim / 2))
+    table = torch.zeros(n_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table.float()
 
 
 class BertSelfAttention(nn.Module):
@@ -197,7 +231,8 @@ class BertModel(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
+        # ELECTRA and DistilBERT have no pooler whatever the head (config.has_pooler).
+        self.pooler = BertPooler(config) if add_pooling_layer and config.has_pooler else None
 
     def forward(
         self,
@@ -232,6 +267,10 @@ def init_weights(module: nn.Module, std: float) -> None:
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
+    for m in module.modules():  # after the loop above, which drew every table at random
+        if isinstance(m, BertEmbeddings) and m.sinusoidal:
+            table = m.position_embeddings.weight
+            table.data.copy_(sinusoids(*table.shape))
 
 
 def set_attention_implementation(model: nn.Module, implementation: str) -> None:
@@ -324,6 +363,12 @@ class BertForPreTraining(BertPreTrainedHead):
     """Masked LM + next-sentence (or sentence-order) prediction; loss = MLM + NSP."""
 
     def __init__(self, config: BertConfig) -> None:
+        if config.model_type not in ("bert", "albert"):
+            # RoBERTa pretrains MLM only, ELECTRA a replaced-token discriminator, DistilBERT by
+            # distillation: none has the NSP/SOP head this class trains.
+            raise ValueError(
+                f"pretraining heads are implemented for bert and albert, not {config.model_type}"
+            )
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
         self.post_init()
@@ -367,9 +412,41 @@ class SequenceClassifierOutput:
     logits: Tensor  # (B, C)
 
 
+class ClassificationHead(nn.Module):
+    """RoBERTa's and ELECTRA's classifier (transformers' RobertaClassificationHead and
+    ElectraClassificationHead): dense -> tanh (RoBERTa) or GELU (ELECTRA) -> dropout ->
+    out_proj, on the first token's state; the caller applies the dropout before it."""
+
+    def __init__(self, config: BertConfig, num_labels: int, act: nn.Module) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = act
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.out_proj = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out_proj(self.dropout(self.act(self.dense(x))))
+
+
+# What each family's sequence classifier puts between the first token and the labels.
+# "pooler": BERT's pooler then a linear layer; "pre_classifier": DistilBERT's linear + ReLU
+# then a linear layer; an activation name: ClassificationHead with that activation (ELECTRA's
+# is GELU whatever hidden_act says, as in transformers).
+CLASSIFIER_HEADS = {
+    "bert": "pooler",
+    "albert": "pooler",
+    "roberta": "tanh",
+    "xlm-roberta": "tanh",
+    "camembert": "tanh",
+    "electra": "gelu",
+    "distilbert": "pre_classifier",
+}
+
+
 class BertForSequenceClassification(BertPreTrainedHead):
     """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", the mean of
-    the real tokens' last hidden states) -> dropout -> linear. Loss by problem_type:
+    the real tokens' last hidden states) -> dropout -> linear; other families put their own
+    head (CLASSIFIER_HEADS) on the first token (or the mean). Loss by problem_type:
     cross-entropy (single label), BCE-with-logits (multi label, float multi-hot labels), MSE
     (regression)."""
 
@@ -378,11 +455,20 @@ class BertForSequenceClassification(BertPreTrainedHead):
     ) -> None:
         if pooling is not None:
             config = config.replace(classifier_pooling=pooling)
-        # mean pooling leaves the pooler unused: none is built (DDP refuses unused weights)
-        super().__init__(config, add_pooling_layer=config.classifier_pooling == "cls")
+        head = CLASSIFIER_HEADS[config.model_type]
+        # mean pooling leaves the pooler unused: none is built (DDP refuses unused weights);
+        # the other families' classifiers read hidden states, not the pooler.
+        use_pooler = head == "pooler" and config.classifier_pooling == "cls"
+        super().__init__(config, add_pooling_layer=use_pooler)
         self.num_labels = num_labels or config.num_labels
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.pre_classifier: nn.Linear | None = None
+        if head == "pre_classifier":
+            self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size)
+        if head in ("pooler", "pre_classifier"):
+            self.classifier: nn.Module = nn.Linear(config.hidden_size, self.num_labels)
+        else:
+            self.classifier = ClassificationHead(config, self.num_labels, ACT[head])
         self.post_init()
 
     @property
@@ -401,8 +487,12 @@ class BertForSequenceClassification(BertPreTrainedHead):
         out = self.bert(input_ids, attention_mask, token_type_ids)
         if self.config.classifier_pooling == "mean":
             pooled = pool(out.last_hidden_state, attention_mask, "mean")
-        else:
+        elif out.pooler_output is not None:
             pooled = out.pooler_output
+        else:
+            pooled = out.last_hidden_state[:, 0]  # <s> / [CLS], no pooler
+        if self.pre_classifier is not None:
+            pooled = F.relu(self.pre_classifier(pooled))
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         loss = None
         if labels is not None:

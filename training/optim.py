@@ -25,3 +25,14 @@ def adamw(
     ]
     # betas (0.9, 0.999) and eps 1e-6 as BERT's AdamWeightDecayOptimizer (PyTorch's eps is 1e-8).
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, beta2), eps=1e-6, fused=fused)
+
+
+def describe(optimizer: torch.optim.Optimizer) -> str:
+    """One line for the log: how many tensors and weights decay, and whether AdamW is fused."""
+    decay, no_decay = optimizer.param_groups
+    parts = [
+        f"{len(g['params'])} tensors ({sum(p.numel() for p in g['params']):,} weights) at "
+        f"weight decay {g['weight_decay']}"
+        for g in (decay, no_decay)
+    ]
+    return f"AdamW: {parts[0]}, {parts[1]}; fused {bool(optimizer.defaults.get('fused'))}"

@@ -17,10 +17,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-# Keys that are bookkeeping, not curves (throughput and gradient norms stay in the log).
+# Keys that are bookkeeping, not curves: throughput and gradient norms stay in the log (thousands
+# of tokens/s on the metrics panel's axis would flatten the accuracy curves beside them).
 NOT_PLOTTED = {
     "step", "split", "epoch", "lr", "time", "elapsed_s", "tokens", "examples",
-    "grad_norm", "steps_per_s", "tokens_per_s", "examples_per_s",
+    "grad_norm", "steps_per_s", "seq_per_s", "tokens_per_s", "examples_per_s", "mfu",
 }  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""HTTP routes, one APIRouter per resource; each route only parses, calls a task module's
-`encode_pre`, runs the rows through the batcher, calls `encode_post`, and shapes the answer.
+"""HTTP routes, one APIRouter per resource. An inference route picks the model, builds the
+task's `Job` from the request, awaits its answer once, and shapes it; windows, strides, output
+names and features live in service.tasks, the request path in service.routes.inference.
 
 The order of ROUTERS is the order of the OpenAPI page.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from service.routes import classify, embed, models, ner, probes, qa
 from service.routes import metrics as metrics_route
+from service.routes.inference import InferenceRoute
 
 ROUTERS = [
     classify.router,
@@ -18,3 +20,7 @@ ROUTERS = [
     probes.router,
     metrics_route.router,
 ]
+
+
+def inference_routes() -> list[InferenceRoute]:
+    return [r for router in ROUTERS for r in router.routes if isinstance(r, InferenceRoute)]

@@ -2,41 +2,29 @@
 
 from __future__ import annotations
 
-import numpy as np
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
-from service.routes._shape import ERRORS, answer, chars
-from service.routes.deps import InferenceDep
+from service.routes._shape import ERRORS, answer, sizes
+from service.routes.inference import Inference, InferenceRoute
 from service.schemas import ClassifyRequest, ClassifyResponse
 from service.tasks import classify
 
-router = APIRouter(tags=["classification"])
+router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERRORS)
-async def classify_texts(body: ClassifyRequest, run: InferenceDep) -> JSONResponse:
+async def classify_texts(body: ClassifyRequest, run: Inference) -> Response:
     """One list of `{label, score}` per input (top_k of them; null = all labels)."""
     model = run.use("classification", body.model)
-    package = model.package
-    single = not isinstance(body.inputs, list)
-    inputs: list[str | tuple[str, str]] = (
-        [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    single = isinstance(body.inputs, str)
+    inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    run.check_sizes(sizes(inputs))
+    job = classify.Job(
+        model.package,
+        inputs,
+        top_k=body.top_k,
+        function_to_apply=body.function_to_apply,
+        truncate=body.truncate,
     )
-    run.check_sizes(inputs)
-    prepared = await run.tokenize(
-        lambda: classify.encode_pre(model.tokenizer, inputs, package.max_seq_length, body.truncate),
-        chars(inputs),
-    )
-    run.count(truncated=prepared.truncated)
-    outputs = await run.run(prepared.sequences)
-    results = await run.postprocess(
-        lambda: classify.encode_post(
-            np.stack([out["logits"] for out in outputs]),
-            package.labels or [],
-            package.problem_type or "single_label",
-            body.function_to_apply,
-            body.top_k,
-        ),
-    )
-    return answer(results, single)
+    return answer(await run.run(job), single)

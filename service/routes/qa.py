@@ -3,54 +3,35 @@ and the best span over all windows wins."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
-from service.routes._shape import ERRORS, answer
-from service.routes.deps import InferenceDep
-from service.schemas import QaInput, QaRequest, QaResponse
+from service.routes._shape import ERRORS, answer, sizes
+from service.routes.inference import Inference, InferenceRoute
+from service.schemas import QaRequest, QaResponse
 from service.tasks import qa
 
-router = APIRouter(tags=["question answering"])
+router = APIRouter(tags=["question answering"], route_class=InferenceRoute)
 
 
 @router.post("/qa", response_model=QaResponse, responses=ERRORS)
-async def answer_questions(body: QaRequest, run: InferenceDep) -> JSONResponse:
+async def answer_questions(body: QaRequest, run: Inference) -> Response:
     """`{answer, score, start, end}` per input (a list of top_k of them when top_k > 1;
     null when the context has no valid span)."""
     model = run.use("question-answering", body.model)
     if body.inputs is None:
         assert body.question is not None and body.context is not None  # schema-checked
-        items, single = [QaInput(question=body.question, context=body.context)], True
+        pairs, single = [(body.question, body.context)], True
     else:
-        items, single = body.inputs, False
-    pairs = [(item.question, item.context) for item in items]
-    run.check_sizes(pairs)
-    max_seq_len = min(body.max_seq_len, model.package.max_seq_length)
-    doc_stride = min(128, max_seq_len // 2) if body.doc_stride is None else body.doc_stride
-    prepared = await run.tokenize(
-        lambda: [qa.encode_pre(model.tokenizer, q, c, max_seq_len, doc_stride) for q, c in pairs],
-        sum(len(q) + len(c) for q, c in pairs),
+        pairs, single = [(item.question, item.context) for item in body.inputs], False
+    run.check_sizes(sizes(pairs))
+    job = qa.Job(
+        model.package,
+        pairs,
+        top_k=body.top_k,
+        max_answer_len=body.max_answer_len,
+        max_seq_length=body.max_seq_len,  # the pipeline's names in the API, ours inside
+        stride=body.doc_stride,
+        handle_impossible_answer=body.handle_impossible_answer,
     )
-    run.count(windowed=sum(p.windowed for p in prepared))
-    outputs = await run.run([row for p in prepared for row in p.sequences])
-
-    def post() -> list[Any]:
-        results: list[Any] = []
-        at = 0
-        for p in prepared:
-            n = len(p.windows)
-            spans = qa.encode_post(
-                p,
-                outputs[at : at + n],
-                body.top_k,
-                body.max_answer_len,
-                body.handle_impossible_answer,
-            )
-            at += n
-            results.append(spans if body.top_k > 1 else (spans[0] if spans else None))
-        return results
-
-    return answer(await run.postprocess(post), single)
+    return answer(await run.run(job), single)

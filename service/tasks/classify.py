@@ -1,8 +1,10 @@
 """Sequence classification (sentiment, NLI, paraphrase): texts or text pairs -> labels.
 
-    prepared = encode_pre(tokenizer, ["a fine film", ("a man sleeps", "a person rests")], 128)
-    # the batcher runs prepared.sequences; stack each row's `logits` (C,) into (N, C)
-    answers = encode_post(logits, labels, "single_label", top_k=None)
+    encoded = preprocess(tokenizer, ["a fine film", ("a man sleeps", "a person rests")], 128)
+    # the batcher runs encoded.sequences; stack each row's `logits` (C,) into (N, C)
+    answers = postprocess(logits, labels, "single_label", top_k=None)
+
+The service runs the same two steps as a `Job` (see service.tasks), one per request.
 
 Semantics follow transformers' text-classification pipeline: the scoring function defaults by
 problem type (single_label -> softmax, multi_label -> sigmoid, regression -> none; a single
@@ -19,12 +21,25 @@ labels come sorted by score, best first. Differences, on purpose:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from service.rows import InvalidInput, Prepared, TextInput, encode_texts
+from service.package import ModelPackage
+from service.rows import (
+    EncodedTexts,
+    InvalidInput,
+    Outputs,
+    Sequence,
+    TextInput,
+    encode_texts,
+    flatten,
+    special_ids,
+    text_rows,
+)
 
-__all__ = ["FUNCTIONS", "Prepared", "default_function", "encode_post", "encode_pre"]
+__all__ = ["FUNCTIONS", "Job", "default_function", "postprocess", "preprocess"]
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
@@ -38,9 +53,9 @@ _DEFAULTS = {
 }
 
 
-def encode_pre(
+def preprocess(
     tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
-) -> Prepared:
+) -> EncodedTexts:
     """One row per input: a text, or an (a, b) pair encoded `[CLS] a [SEP] b [SEP]`."""
     return encode_texts(tokenizer, inputs, max_seq_length, truncate)
 
@@ -69,7 +84,7 @@ def _apply(function: str, logits: np.ndarray) -> np.ndarray:
     return x
 
 
-def encode_post(
+def postprocess(
     logits: np.ndarray,
     labels: list[str],
     problem_type: str,
@@ -84,15 +99,85 @@ def encode_post(
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.shape[1] != len(labels):
         raise ValueError(f"logits {logits.shape} do not match {len(labels)} labels")
-    function = function_to_apply or default_function(problem_type, len(labels))
+    function = _function(problem_type, len(labels), function_to_apply, top_k)
+    return _ranked(_apply(function, logits), labels, top_k)
+
+
+def _function(
+    problem_type: str, num_labels: int, function_to_apply: str | None, top_k: int | None
+) -> str:
+    """The scoring function to apply; InvalidInput for an unknown one or top_k < 1."""
+    function = function_to_apply or default_function(problem_type, num_labels)
     if function.lower() not in FUNCTIONS:
         raise InvalidInput(f"function_to_apply must be one of {FUNCTIONS}, not {function!r}")
     if top_k is not None and top_k < 1:
         raise InvalidInput(f"top_k must be at least 1, not {top_k}")
-    scores = _apply(function.lower(), logits)
+    return function.lower()
+
+
+def _ranked(scores: np.ndarray, labels: list[str], top_k: int | None) -> list[list[dict]]:
+    """(N, C) scores -> per row the top_k {"label", "score"}, best first."""
     # A stable sort on -score keeps label order among ties, as the pipeline's sort does.
     order = np.argsort(-scores, axis=-1, kind="stable")[:, :top_k]
+    best = np.take_along_axis(scores, order, axis=-1).tolist()  # Python floats in one call
     return [
-        [{"label": labels[j], "score": float(s[j])} for j in idx]
-        for s, idx in zip(scores, order, strict=True)
+        [{"label": labels[j], "score": s} for j, s in zip(idx, row, strict=True)]
+        for idx, row in zip(order.tolist(), best, strict=True)
     ]
+
+
+class Job:
+    """One /classify request for a model's batcher: inputs -> one row each -> per input a list
+    of {"label", "score"} (`postprocess`)."""
+
+    windowed = 0
+
+    def __init__(
+        self,
+        package: ModelPackage,
+        inputs: list[str] | list[TextInput],
+        *,
+        top_k: int | None = 1,
+        function_to_apply: str | None = None,
+        truncate: bool = True,
+    ) -> None:
+        self.inputs, self.texts = inputs, flatten(inputs)
+        self.labels = package.labels or []
+        self.problem_type = package.problem_type or "single_label"
+        self.max_seq_length = package.max_seq_length
+        self.top_k, self.truncate = top_k, truncate
+        # checked here, so a bad option is a 422 before any compute
+        self.function = _function(self.problem_type, len(self.labels), function_to_apply, top_k)
+        self.truncated = 0
+
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+        encoded = text_rows(
+            special_ids(tokenizer), self.inputs, encodings, self.max_seq_length, self.truncate
+        )
+        self.truncated = encoded.truncated
+        return encoded.sequences
+
+    def answer(self, outputs: list[Outputs]) -> list[Any]:
+        return Job.answer_many([self], [outputs])[0]
+
+    @staticmethod
+    def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[list[Any]]:
+        """The answers of several jobs of one model: one scoring and one sort over all their
+        rows per (function, top_k), instead of one per job (the batcher's worker thread spends
+        most of a small request's post-processing on numpy's per-call overhead)."""
+        first = jobs[0]
+        logits = np.stack([out["logits"] for outs in outputs for out in outs])  # (N, C)
+        if logits.shape[1] != len(first.labels):
+            raise ValueError(f"logits {logits.shape} do not match {len(first.labels)} labels")
+        bounds = np.cumsum([0] + [len(outs) for outs in outputs]).tolist()
+        answers: list[list[Any]] = [[] for _ in jobs]
+        by_options: dict[tuple[str, int | None], list[int]] = {}
+        for j, job in enumerate(jobs):
+            key = (job.function, job.top_k)
+            by_options.setdefault(key, []).append(j)
+        for (function, top_k), js in by_options.items():
+            rows = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in js])
+            ranked = iter(_ranked(_apply(function, logits[rows]), first.labels, top_k))
+            for j in js:
+                answers[j] = [next(ranked) for _ in range(bounds[j + 1] - bounds[j])]
+        return answers

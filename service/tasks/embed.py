@@ -1,11 +1,14 @@
 """Sentence embeddings: texts -> vectors.
 
-    prepared = encode_pre(tokenizer, ["a cat sits", "a dog runs"], 256)
-    # the batcher runs prepared.sequences; stack each row's `embeddings` (H,) into (N, H)
-    vectors = encode_post(embeddings, normalize=True)
+    encoded = preprocess(tokenizer, ["a cat sits", "a dog runs"], 256)
+    # the batcher runs encoded.sequences; stack each row's `embeddings` (H,) into (N, H)
+    vectors = postprocess(embeddings, normalize=True)
+
+The service runs the same two steps as a `Job` (see service.tasks), one per request.
 
 Pooling (mask-aware mean or CLS) happens inside the ONNX graph; normalisation is a per-request
-choice and happens here. Truncation is the classifier's: the same code, one place (`_text`).
+choice and happens here. Truncation is the classifier's: the same code, one place
+(`service.rows.text_rows`).
 
 Layer features (Devlin et al. 2018 §5.3): a package exported with `--hidden-states` also
 outputs every layer's states pooled both ways, (L + 1, H) per input, embeddings output first;
@@ -14,22 +17,34 @@ outputs every layer's states pooled both ways, (L + 1, H) per input, embeddings 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from service.contract import HIDDEN_STATE_OUTPUTS
-from service.rows import InvalidInput, Prepared, encode_texts
+from service.package import ModelPackage
+from service.rows import (
+    EncodedTexts,
+    InvalidInput,
+    Outputs,
+    Sequence,
+    encode_texts,
+    special_ids,
+    text_rows,
+)
 
 __all__ = [
     "EPS",
     "LAYER_OUTPUTS",
-    "Prepared",
+    "Features",
+    "Job",
     "combine_layers",
-    "encode_post",
-    "encode_pre",
+    "features",
     "hidden_states",
+    "postprocess",
+    "preprocess",
 ]
 
 # Same floor as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
@@ -39,18 +54,22 @@ LAYER_OUTPUTS = HIDDEN_STATE_OUTPUTS
 COMBINE = ("concat", "sum", "mean")
 
 
-def encode_pre(
+def preprocess(
     tokenizer: Tokenizer, texts: list[str], max_seq_length: int, truncate: bool = True
-) -> Prepared:
+) -> EncodedTexts:
     """One row `[CLS] text [SEP]` per text; too long -> truncated (counted) or, with
     `truncate=False`, an InvalidInput."""
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InvalidInput(f"inputs[{i}]: expected a string")
+    _check_texts(texts)
     return encode_texts(tokenizer, list(texts), max_seq_length, truncate)
 
 
-def encode_post(embeddings: np.ndarray, normalize: bool) -> np.ndarray:
+def _check_texts(texts: list[str]) -> None:
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInput(f"inputs[{i}]: expected a string")
+
+
+def postprocess(embeddings: np.ndarray, normalize: bool) -> np.ndarray:
     """(N, H) pooled embeddings -> (N, H) float32, L2-normalised when asked."""
     x = np.asarray(embeddings, dtype=np.float32)
     if x.ndim != 2:
@@ -92,3 +111,100 @@ def combine_layers(states: np.ndarray, layers: list[int], combine: str) -> np.nd
     if combine == "mean":
         return chosen.mean(axis=1)
     raise ValueError(f"combine must be one of {COMBINE}, not {combine!r}")
+
+
+@dataclass(frozen=True)
+class Features:
+    """Which hidden states make the vector (Devlin et al. §5.3) instead of the package's own
+    embedding output: `output` (one of LAYER_OUTPUTS' values), `layers`, `combine`."""
+
+    output: str
+    layers: list[int]
+    combine: str
+
+
+def features(
+    package: ModelPackage,
+    layers: list[int] | None = None,
+    pooling: str | None = None,
+    combine: str = "concat",
+) -> Features | None:
+    """A request's layers / pooling, checked against what the package exports; None for the
+    package's own embedding output. InvalidInput when the package cannot serve them."""
+    pooling = pooling or package.pooling or "mean"  # read_package checks it is set
+    if layers is None and pooling == package.pooling:
+        return None
+    n_states = hidden_states(package.outputs)
+    if n_states is None:
+        raise InvalidInput(
+            f"model {package.name!r} has no hidden-state outputs, so `layers` and a `pooling` "
+            f"other than its own ({package.pooling}) cannot be served; export it with "
+            "`python -m training.export --task embedding --hidden-states`"
+        )
+    layers = layers if layers is not None else [-1]
+    check_layers(layers, n_states)  # before any compute
+    if combine not in COMBINE:
+        raise InvalidInput(f"combine must be one of {COMBINE}, not {combine!r}")
+    return Features(LAYER_OUTPUTS[pooling], layers, combine)
+
+
+class Job:
+    """One /embed or /v1/embeddings request for a model's batcher: texts -> one row each ->
+    (N, H) float32 vectors ((N, F) with layer `features`). After it ran, `tokens` holds the
+    tokens its rows took (OpenAI's usage)."""
+
+    windowed = 0
+
+    def __init__(
+        self,
+        package: ModelPackage,
+        texts: list[str],
+        *,
+        normalize: bool | None = None,
+        truncate: bool = True,
+        features: Features | None = None,
+    ) -> None:
+        _check_texts(texts)
+        self.texts = texts
+        self.max_seq_length = package.max_seq_length
+        self.normalize = package.normalize if normalize is None else normalize
+        self.truncate, self.features = truncate, features
+        self.truncated = self.tokens = 0
+
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+        encoded = text_rows(
+            special_ids(tokenizer), self.texts, encodings, self.max_seq_length, self.truncate
+        )
+        self.truncated = encoded.truncated
+        self.tokens = sum(len(row) for row in encoded.sequences)
+        return encoded.sequences
+
+    def answer(self, outputs: list[Outputs]) -> np.ndarray:
+        if self.features is None:
+            return postprocess(np.stack([out["embeddings"] for out in outputs]), self.normalize)
+        f = self.features
+        states = np.stack([out[f.output] for out in outputs])  # (N, L + 1, H)
+        return postprocess(combine_layers(states, f.layers, f.combine), self.normalize)
+
+    @staticmethod
+    def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[np.ndarray]:
+        """The answers of several jobs of one model: the package's own embeddings are
+        normalised in one call over all their rows (numpy's per-call overhead dominated the
+        worker thread's time for single-text requests); layer features one job at a time."""
+        together = [j for j, job in enumerate(jobs) if job.features is None]
+        answers: list[np.ndarray | None] = [None] * len(jobs)
+        for normalize in (True, False):
+            js = [j for j in together if jobs[j].normalize == normalize]
+            if not js:
+                continue
+            vectors = postprocess(
+                np.stack([out["embeddings"] for j in js for out in outputs[j]]), normalize
+            )  # (N, H)
+            at = 0
+            for j in js:
+                answers[j] = vectors[at : at + len(outputs[j])]
+                at += len(outputs[j])
+        for j, job in enumerate(jobs):
+            if answers[j] is None:
+                answers[j] = job.answer(outputs[j])
+        return answers  # type: ignore[return-value]

@@ -1,13 +1,17 @@
 """Extractive question answering: (question, context) -> answer spans of the context.
 
-    prepared = encode_pre(tokenizer, question, context, max_seq_len=384, doc_stride=128)
-    # the batcher runs prepared.sequences; each window's Outputs has start_logits / end_logits (L,)
-    answers = encode_post(prepared, outputs, top_k=1)
+    windowed = preprocess(tokenizer, question, context, max_seq_length=384, stride=128)
+    # the batcher runs windowed.sequences; each window's Outputs has start_logits / end_logits (L,)
+    answers = postprocess(windowed, outputs, top_k=1)
+
+The service runs the same two steps as a `Job` (see service.tasks), one per request. The HTTP
+API keeps the pipeline's names `max_seq_len` and `doc_stride`; here they are `max_seq_length`
+and `stride`, as in the other heads.
 
 Semantics follow transformers' question-answering pipeline (fast tokenizer path), so that
 `training.evaluate` and the service score spans the same way:
 
-- windows `[CLS] question [SEP] context-part [SEP]`; consecutive windows share `doc_stride`
+- windows `[CLS] question [SEP] context-part [SEP]`; consecutive windows share `stride`
   context tokens; the question is never cut;
 - per window, tokens outside the context (except [CLS]) are masked, start and end logits get a
   softmax each, a span scores start_prob * end_prob with end >= start and at most
@@ -19,7 +23,7 @@ Semantics follow transformers' question-answering pipeline (fast tokenizer path)
 Differences, on purpose: a list is returned also for top_k=1 (the pipeline returns a bare dict);
 only valid spans are returned, so fewer than top_k answers come back when the context has fewer
 spans (the pipeline pads with zero-score spans that can be empty or reversed); a question that
-leaves no room for context, an empty context, or a doc_stride too large for the room left, is an
+leaves no room for context, an empty context, or a stride too large for the room left, is an
 InvalidInput (the tokenizer would raise); `max_question_len` refuses longer questions rather than
 cut them (the fast pipeline ignores it).
 """
@@ -27,13 +31,34 @@ cut them (the fast pipeline ignores it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from service.rows import InvalidInput, Outputs, Sequence, encode, row, special_ids, windows
+from service.package import ModelPackage
+from service.rows import (
+    InvalidInput,
+    Outputs,
+    Sequence,
+    Tokens,
+    encode,
+    row,
+    special_ids,
+    tokens,
+    windows,
+)
 
-__all__ = ["Prepared", "Window", "decode_spans", "encode_post", "encode_pre", "span_probs"]
+__all__ = [
+    "Job",
+    "Window",
+    "WindowedContext",
+    "decode_spans",
+    "default_stride",
+    "postprocess",
+    "preprocess",
+    "span_probs",
+]
 
 # The pipeline's mask value: exp(-10000 - max) is exactly 0 in float32.
 _MASKED = -10000.0
@@ -55,7 +80,9 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
+class WindowedContext:
+    """A context and the windows (model rows) that cover it, each beside the question."""
+
     context: str
     windows: list[Window]
 
@@ -69,50 +96,74 @@ class Prepared:
 
 
 def _word_spans(offsets: np.ndarray, words: np.ndarray) -> np.ndarray:
-    """(n, 2) offsets and (n,) non-decreasing word ids -> each token's word span."""
-    spans = offsets.copy()
-    first = 0
-    for i in range(1, len(words) + 1):
-        if i == len(words) or words[i] != words[first]:
-            spans[first:i, 0] = offsets[first, 0]
-            spans[first:i, 1] = offsets[i - 1, 1]
-            first = i
+    """(n, 2) offsets and (n,) non-decreasing word ids -> each token's word span: from its
+    word's first token's start to its last token's end."""
+    n = len(words)
+    if n == 0:
+        return offsets.copy()
+    first = np.empty(n, dtype=bool)  # a token that starts a word (within this window)
+    first[0] = True
+    np.not_equal(words[1:], words[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:] - 1, n - 1)
+    word = np.cumsum(first) - 1  # (n,) index into starts / ends
+    spans = np.empty_like(offsets)
+    spans[:, 0] = offsets[starts[word], 0]
+    spans[:, 1] = offsets[ends[word], 1]
     return spans
 
 
-def encode_pre(
+def default_stride(max_seq_length: int) -> int:
+    """Context tokens shared by consecutive windows when the request names none (the
+    pipeline's doc_stride 128, at most half the window)."""
+    return min(128, max_seq_length // 2)
+
+
+def preprocess(
     tokenizer: Tokenizer,
     question: str,
     context: str,
-    max_seq_len: int = 384,
-    doc_stride: int = 128,
+    max_seq_length: int = 384,
+    stride: int = 128,
     max_question_len: int | None = None,
-) -> Prepared:
-    """Windows over the context, each `[CLS] question [SEP] part [SEP]` of <= max_seq_len tokens."""
+) -> WindowedContext:
+    """Windows over the context, each `[CLS] question [SEP] part [SEP]` of <= max_seq_length
+    tokens; consecutive windows share `stride` context tokens."""
+    q, c = encode(tokenizer, question), encode(tokenizer, context)
+    return _windowed(tokenizer, q, c, context, max_seq_length, stride, max_question_len)
+
+
+def _windowed(
+    tokenizer: Tokenizer,
+    q: Tokens,
+    c: Tokens,
+    context: str,
+    max_seq_length: int,
+    stride: int,
+    max_question_len: int | None = None,
+) -> WindowedContext:
     cls_id, sep_id = special_ids(tokenizer)
-    q = encode(tokenizer, question)
-    c = encode(tokenizer, context)
     if len(c) == 0:
         raise InvalidInput("context is empty: it has no tokens to answer from")
     if max_question_len is not None and len(q) > max_question_len:
         raise InvalidInput(
             f"question is {len(q)} tokens long, more than max_question_len {max_question_len}"
         )
-    room = max_seq_len - len(q) - 3
+    room = max_seq_length - len(q) - 3
     if room < 1:
         raise InvalidInput(
-            f"question is too long for max_seq_len {max_seq_len}: its {len(q)} tokens leave "
+            f"question is too long for max_seq_len {max_seq_length}: its {len(q)} tokens leave "
             "no room for the context"
         )
-    if doc_stride < 0:
-        raise InvalidInput(f"doc_stride must be >= 0, not {doc_stride}")
-    if len(c) > room and doc_stride >= room:
+    if stride < 0:
+        raise InvalidInput(f"doc_stride must be >= 0, not {stride}")
+    if len(c) > room and stride >= room:
         raise InvalidInput(
-            f"doc_stride ({doc_stride}) must be smaller than the {room} context tokens that fit "
+            f"doc_stride ({stride}) must be smaller than the {room} context tokens that fit "
             f"in a window beside the question; lower doc_stride or raise max_seq_len"
         )
     out = []
-    for start, stop in windows(len(c), room, doc_stride):
+    for start, stop in windows(len(c), room, stride):
         offsets = c.offsets[start:stop]
         out.append(
             Window(
@@ -122,7 +173,7 @@ def encode_pre(
                 word_spans=_word_spans(offsets, c.words[start:stop]),
             )
         )
-    return Prepared(context=context, windows=out)
+    return WindowedContext(context=context, windows=out)
 
 
 def span_probs(
@@ -171,8 +222,8 @@ def decode_spans(
     return s_idx[order], e_idx[order], scores[order]
 
 
-def encode_post(
-    prepared: Prepared,
+def postprocess(
+    prepared: WindowedContext,
     outputs: list[Outputs],
     top_k: int = 1,
     max_answer_len: int = 15,
@@ -216,3 +267,62 @@ def encode_post(
     if handle_impossible_answer:
         answers.append({"answer": "", "score": min_null, "start": 0, "end": 0})
     return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
+
+
+class Job:
+    """One /qa request for a model's batcher: (question, context) pairs -> windows (rows) ->
+    per pair its best span, or None when the context has none; a list of up to top_k spans
+    when top_k > 1."""
+
+    truncated = 0
+
+    def __init__(
+        self,
+        package: ModelPackage,
+        pairs: list[tuple[str, str]],
+        *,
+        top_k: int = 1,
+        max_answer_len: int = 15,
+        max_seq_length: int = 384,
+        stride: int | None = None,
+        handle_impossible_answer: bool = False,
+    ) -> None:
+        self.contexts = [context for _, context in pairs]
+        self.texts = [text for pair in pairs for text in pair]
+        self.max_seq_length = min(max_seq_length, package.max_seq_length)
+        self.stride = default_stride(self.max_seq_length) if stride is None else stride
+        self.top_k, self.max_answer_len = top_k, max_answer_len
+        self.handle_impossible_answer = handle_impossible_answer
+        self.windowed = 0
+        self._contexts: list[WindowedContext] = []
+
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+        self._contexts = [
+            _windowed(
+                tokenizer,
+                tokens(tokenizer, encodings[2 * i]),
+                tokens(tokenizer, encodings[2 * i + 1]),
+                context,
+                self.max_seq_length,
+                self.stride,
+            )
+            for i, context in enumerate(self.contexts)
+        ]
+        self.windowed = sum(c.windowed for c in self._contexts)
+        return [seq for c in self._contexts for seq in c.sequences]
+
+    def answer(self, outputs: list[Outputs]) -> list[Any]:
+        results: list[Any] = []
+        at = 0
+        for c in self._contexts:
+            n = len(c.windows)
+            spans = postprocess(
+                c,
+                outputs[at : at + n],
+                self.top_k,
+                self.max_answer_len,
+                self.handle_impossible_answer,
+            )
+            at += n
+            results.append(spans if self.top_k > 1 else (spans[0] if spans else None))
+        return results

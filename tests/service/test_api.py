@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,8 +62,12 @@ async def test_ner_single_and_batch(shared: Service) -> None:
     for t in tokens:
         assert t["entity"] in NER_LABELS
         assert TEXT[t["start"] : t["end"]] == t["word"]
-    batch = (await shared.client.post("/ner", json={"inputs": [TEXT, "mary works"]})).json()
+    # ignore_labels=[]: "O" groups count too, so the random model's answer cannot be empty
+    body = {"inputs": [TEXT, "mary works"], "ignore_labels": []}
+    batch = (await shared.client.post("/ner", json=body)).json()
     assert len(batch) == 2 and all(isinstance(x, list) for x in batch)
+    assert batch[0], "every token of the text belongs to some group"
+    assert batch[0][0]["start"] == 0 and batch[0][-1]["end"] == len(TEXT)
     for entity in batch[0]:
         assert set(entity) == {"entity_group", "score", "word", "start", "end"}
         assert TEXT[entity["start"] : entity["end"]] == entity["word"]
@@ -182,3 +187,54 @@ async def test_variant_setting_overrides_the_package_preference(
         assert (await s.client.post("/classify", json={"inputs": TEXT})).status_code == 200
     async with serve(Settings(model_dir=tmp_path, variant="fp32")) as s:
         assert (await s.client.get("/models")).json()["models"][0]["variant"] == "fp32"
+
+
+async def test_the_inference_routes_answer_alike_through_the_router(model_dir: Path) -> None:
+    # The Shortcut middleware only skips the route lookup: without it, FastAPI's router reaches
+    # the same handler and gives the same answers and errors.
+    from service.routes.inference import Shortcut
+
+    def layers(app: Any) -> list[type]:
+        out = []
+        while app is not None:
+            out.append(type(app))
+            app = getattr(app, "app", None)
+        return out
+
+    async with serve(Settings(model_dir=model_dir)) as s:
+        fast = [(await s.client.post(p, json=b)).json() for p, b in ROUTER_CASES]
+        assert Shortcut in layers(s.app.middleware_stack)
+        s.app.user_middleware = [m for m in s.app.user_middleware if m.cls is not Shortcut]
+        s.app.middleware_stack = s.app.build_middleware_stack()
+        assert Shortcut not in layers(s.app.middleware_stack)
+        routed = [(await s.client.post(p, json=b)).json() for p, b in ROUTER_CASES]
+    assert routed == fast
+    assert routed[-1]["error_type"] == "validation"
+
+
+ROUTER_CASES = [
+    ("/classify", {"inputs": TEXT, "top_k": None}),
+    ("/ner", {"inputs": TEXT, "aggregation_strategy": "none", "ignore_labels": []}),
+    ("/qa", {"question": QUESTION, "context": CONTEXT}),
+    ("/embed", {"inputs": TEXT}),
+    ("/classify", {"inputs": []}),
+]
+
+
+async def test_openapi_describes_the_request_bodies(shared: Service) -> None:
+    # the inference routes read raw bytes, yet /docs shows each body model and its errors
+    spec = (await shared.client.get("/openapi.json")).json()
+    for path, model in [
+        ("/classify", "ClassifyRequest"),
+        ("/ner", "NerRequest"),
+        ("/qa", "QaRequest"),
+        ("/embed", "EmbedRequest"),
+        ("/v1/embeddings", "OpenAIEmbeddingRequest"),
+    ]:
+        post = spec["paths"][path]["post"]
+        schema = post["requestBody"]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{model}"}, path
+        assert post["requestBody"]["required"] is True
+        assert {"200", "413", "422", "429"} <= set(post["responses"]), path
+        assert "parameters" not in post, path  # nothing of the request object leaks in
+    assert "inputs" in spec["components"]["schemas"]["ClassifyRequest"]["properties"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from service.batcher import Admission, Batcher, grow_batch, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
-from service.rows import Sequence
+from service.rows import Outputs, Sequence
 
 pytestmark = pytest.mark.anyio
 
@@ -66,6 +67,27 @@ def make(backend: FakeBackend, **limits: float) -> tuple[Batcher, Metrics]:
     return batcher, metrics
 
 
+class Rows:
+    """A job whose rows are made already: no texts to encode, its answer the rows' outputs."""
+
+    texts: list[str] = []
+    truncated = windowed = 0
+
+    def __init__(self, rows: list[Sequence]) -> None:
+        self._rows = rows
+
+    def rows(self, tokenizer: object, encodings: list[object]) -> list[Sequence]:
+        return self._rows
+
+    def answer(self, outputs: list[Outputs]) -> list[Outputs]:
+        return outputs
+
+
+def submit(batcher: Batcher, rows: list[Sequence], deadline: float) -> Any:
+    """The batcher's submit (a coroutine): the rows' outputs, in order."""
+    return batcher.submit(Rows(rows), deadline)
+
+
 def deadline(seconds: float = 10) -> float:
     return asyncio.get_running_loop().time() + seconds
 
@@ -104,7 +126,7 @@ def test_pad_masks_and_pads_with_zeros() -> None:
 async def test_outputs_come_back_per_row_with_padding_cut() -> None:
     batcher, _ = make(FakeBackend())
     rows = [seq(4, 10), seq(2, 20), seq(6, 30)]
-    outputs = await batcher.submit(rows, deadline())
+    outputs = await submit(batcher, rows, deadline())
     for row, out in zip(rows, outputs, strict=True):
         assert out["tokens"].tolist() == row.input_ids.tolist()  # sequence axis cut to the row
         assert out["total"].shape == () and out["total"] == row.input_ids.sum()
@@ -114,11 +136,11 @@ async def test_outputs_come_back_per_row_with_padding_cut() -> None:
 async def test_concurrent_requests_share_batches_within_budgets() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, metrics = make(backend, tokens=64, size=8)
-    first = asyncio.create_task(batcher.submit([seq(3, 1000)], deadline()))
+    first = asyncio.create_task(submit(batcher, [seq(3, 1000)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)  # the worker is busy with `first`
     lengths = [3, 9, 4, 8, 5, 7, 6, 16, 2, 3] * 3
     tasks = [
-        asyncio.create_task(batcher.submit([seq(n, 100 * i)], deadline()))
+        asyncio.create_task(submit(batcher, [seq(n, 100 * i)], deadline()))
         for i, n in enumerate(lengths)
     ]
     await asyncio.sleep(0.05)
@@ -137,12 +159,12 @@ async def test_concurrent_requests_share_batches_within_budgets() -> None:
 async def test_similar_lengths_share_a_batch() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, _ = make(backend, tokens=4 * 40, size=4)
-    first = asyncio.create_task(batcher.submit([seq(2, 1)], deadline()))
+    first = asyncio.create_task(submit(batcher, [seq(2, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
     # alternate short and long rows: FIFO batches would pad every short row to 40
     lengths = [4, 40, 5, 39, 4, 38, 5, 37]
     tasks = [
-        asyncio.create_task(batcher.submit([seq(n, 100 * (i + 1))], deadline()))
+        asyncio.create_task(submit(batcher, [seq(n, 100 * (i + 1))], deadline()))
         for i, n in enumerate(lengths)
     ]
     await asyncio.sleep(0.05)
@@ -156,9 +178,9 @@ async def test_similar_lengths_share_a_batch() -> None:
 async def test_max_wait_lets_a_batch_gather_rows_when_idle() -> None:
     backend = FakeBackend()
     batcher, _ = make(backend, wait_ms=100)
-    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.sleep(0.02)
-    second = asyncio.create_task(batcher.submit([seq(3, 10)], deadline()))
+    second = asyncio.create_task(submit(batcher, [seq(3, 10)], deadline()))
     await asyncio.gather(first, second)
     assert [b.shape[0] for b in backend.batches] == [2]
     await batcher.stop()
@@ -168,7 +190,7 @@ async def test_a_request_split_across_batches_completes_once_all_rows_ran() -> N
     backend = FakeBackend()
     batcher, _ = make(backend, tokens=20, size=2)
     rows = [seq(5, 10 * i + 1) for i in range(7)]
-    outputs = await batcher.submit(rows, deadline())
+    outputs = await submit(batcher, rows, deadline())
     assert len(backend.batches) == 4  # 2 + 2 + 2 + 1 rows
     assert [o["tokens"][0] for o in outputs] == [r.input_ids[0] for r in rows]
     await batcher.stop()
@@ -177,10 +199,10 @@ async def test_a_request_split_across_batches_completes_once_all_rows_ran() -> N
 async def test_a_cancelled_request_is_dropped_before_it_costs_compute() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, metrics = make(backend)
-    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
-    gone = asyncio.create_task(batcher.submit([seq(3, 500), seq(4, 600)], deadline()))
-    kept = asyncio.create_task(batcher.submit([seq(3, 700)], deadline()))
+    gone = asyncio.create_task(submit(batcher, [seq(3, 500), seq(4, 600)], deadline()))
+    kept = asyncio.create_task(submit(batcher, [seq(3, 700)], deadline()))
     await asyncio.sleep(0.01)
     gone.cancel()  # what the route does when the client disconnects
     await asyncio.sleep(0.01)
@@ -195,10 +217,10 @@ async def test_a_cancelled_request_is_dropped_before_it_costs_compute() -> None:
 async def test_a_request_past_its_deadline_is_dropped() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, metrics = make(backend)
-    first = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
     with pytest.raises(DeadlineExceeded):
-        await batcher.submit([seq(3, 500)], deadline(0.05))
+        await submit(batcher, [seq(3, 500)], deadline(0.05))
     backend.gate.set()
     await first
     assert not backend.ran(500)
@@ -209,14 +231,14 @@ async def test_a_request_past_its_deadline_is_dropped() -> None:
 async def test_a_backend_failure_fails_only_its_batch_and_the_worker_goes_on() -> None:
     backend = FakeBackend(fail_on=666, hold_first=True)
     batcher, _ = make(backend, tokens=10, size=1)  # one row per batch
-    bad = asyncio.create_task(batcher.submit([seq(3, 666)], deadline()))
+    bad = asyncio.create_task(submit(batcher, [seq(3, 666)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
-    good = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    good = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     backend.gate.set()
     with pytest.raises(BackendError):
         await bad
     assert (await good)[0]["total"] == 6
-    assert (await batcher.submit([seq(2, 5)], deadline()))[0]["total"] == 11
+    assert (await submit(batcher, [seq(2, 5)], deadline()))[0]["total"] == 11
     assert batcher.alive
     await batcher.stop()
 
@@ -224,9 +246,9 @@ async def test_a_backend_failure_fails_only_its_batch_and_the_worker_goes_on() -
 async def test_stop_fails_what_is_still_queued() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, _ = make(backend)
-    running = asyncio.create_task(batcher.submit([seq(3, 1)], deadline()))
+    running = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
-    queued = asyncio.create_task(batcher.submit([seq(3, 9)], deadline()))
+    queued = asyncio.create_task(submit(batcher, [seq(3, 9)], deadline()))
     await asyncio.sleep(0.01)
     await batcher.stop()
     backend.gate.set()
@@ -248,3 +270,75 @@ async def test_admission_refuses_past_the_limit_with_retry_after() -> None:
     admission.release()
     admission.release()
     assert await admission.wait_idle(0.01)
+
+
+class NaNBackend(FakeBackend):
+    """Like FakeBackend, but token 99 comes out NaN and every padding position infinite."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().run(feeds)
+        tokens = np.where(feeds["input_ids"] == 99, np.nan, out["tokens"])
+        out["tokens"] = np.where(feeds["attention_mask"] == 0, np.inf, tokens)
+        return out
+
+
+async def test_a_nan_fails_only_its_request_and_padding_does_not_count() -> None:
+    batcher, _ = make(NaNBackend(hold_first=False))
+    bad = batcher.enqueue(Rows([seq(2, 98)]), deadline())  # ids 98, 99: 99 is NaN
+    good = batcher.enqueue(Rows([seq(1, 10)]), deadline())  # padded to 2 beside `bad`
+    with pytest.raises(BackendError, match="NaN or infinite"):
+        await bad
+    assert (await good)[0]["tokens"].tolist() == [10.0]
+    await batcher.stop()
+
+
+class Together(Rows):
+    """A job whose class answers several jobs at once, unless one of them is `poison`."""
+
+    calls: list[int] = []
+
+    def __init__(self, rows: list[Sequence], poison: bool = False) -> None:
+        super().__init__(rows)
+        self.poison = poison
+
+    def answer(self, outputs: list[Outputs]) -> Any:
+        if self.poison:
+            raise ValueError("a bug in this job's post-processing")
+        return "alone"
+
+    @staticmethod
+    def answer_many(jobs: list[Together], outputs: list[list[Outputs]]) -> list[Any]:
+        Together.calls.append(len(jobs))
+        if any(job.poison for job in jobs):
+            raise ValueError("one job of the group fails")
+        return ["together"] * len(jobs)
+
+
+async def answered_in_one_batch(jobs: list[Together]) -> list[Any]:
+    """Each job's answer or exception, the jobs queued behind a held batch so they share one."""
+    backend = FakeBackend(hold_first=True)
+    batcher, _ = make(backend)
+    first = batcher.enqueue(Rows([seq(1, 1)]), deadline())
+    await asyncio.to_thread(backend.entered.wait, 10)
+    futures = [batcher.enqueue(job, deadline()) for job in jobs]
+    backend.gate.set()
+    await first
+    answers = await asyncio.gather(*futures, return_exceptions=True)
+    await batcher.stop()
+    return answers
+
+
+async def test_jobs_of_one_class_are_answered_together() -> None:
+    Together.calls = []
+    answers = await answered_in_one_batch([Together([seq(1, 10 + k)]) for k in range(3)])
+    assert answers == ["together"] * 3
+    assert Together.calls == [3]
+
+
+async def test_a_failure_answering_together_stays_with_the_job_that_raises() -> None:
+    Together.calls = []
+    jobs = [Together([seq(1, 10)]), Together([seq(1, 20)], poison=True), Together([seq(1, 30)])]
+    answers = await answered_in_one_batch(jobs)
+    assert answers[0] == answers[2] == "alone"  # retried one at a time
+    assert isinstance(answers[1], BackendError) and "post-processing" in str(answers[1])
+    assert Together.calls == [3]

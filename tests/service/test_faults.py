@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks._traffic import assert_same
 from service.settings import Settings
 from tests.service.conftest import gate, metric, serve
-from tests.service.traffic import assert_same
 
 pytestmark = pytest.mark.anyio
 

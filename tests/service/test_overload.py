@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks._traffic import INFERENCE, assert_same, percentile
 from tests.service.conftest import NAMES, gate, metric
-from tests.service.traffic import INFERENCE, assert_same, percentile
 
 K = 4  # max_concurrent_requests
 CLIENTS = 4 * K

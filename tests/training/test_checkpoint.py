@@ -350,9 +350,10 @@ def test_missing_and_unexpected_weights(tmp_path, tiny_config):
         r"model.safetensors: missing weights for classification: bert.encoder.layer.1.output.dense.weight, classifier.bias",
         tmp_path,
     )
-    # A fine-tuned head's weights do not turn into another head's.
+    # A fine-tuned head's weights do not turn into another head's; both lists in one line.
     _fails(
-        r"model.safetensors: unexpected weights for question-answering: classifier.weight",
+        r"model.safetensors: missing weights for question-answering: bert.encoder.layer.1.output.dense.weight; "
+        r"unexpected weights for question-answering: classifier.weight",
         tmp_path,
         task="question-answering",
     )
@@ -381,7 +382,10 @@ def test_sha256_mismatch(tmp_path, tiny_config):
             {"position_embedding_type": "relative_key"},
             r"config.json: position_embedding_type 'relative_key'",
         ),
-        ({"model_type": "roberta"}, r"config.json: model_type 'roberta' is not bert"),
+        (
+            {"model_type": "deberta-v2"},
+            r"config.json: model_type 'deberta-v2' is not supported; supported: bert, albert",
+        ),
     ],
 )
 def test_configs_we_cannot_serve(tmp_path, tiny_config, change, match):

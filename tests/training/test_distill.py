@@ -128,7 +128,7 @@ def test_the_triple_loss_weighs_its_parts(tiny_config, batch):
     torch.testing.assert_close(p["task"], s.loss)
     torch.testing.assert_close(p["cos"], cosine_loss(hs, ht, batch["attention_mask"]))
     assert p["kd"] > 0 and p["cos"] > 0
-    total = loss(student, "classification", labels)
+    total = loss(student, "classification", labels)["loss"]
     torch.testing.assert_close(total, 5 * p["kd"] + p["cos"] + 2 * p["task"])
     # a student identical to its teacher has nothing to learn from it
     same = TripleLoss(teacher).parts(teacher, "classification", labels)
@@ -195,7 +195,7 @@ def test_help_and_refusals(capsys, teacher_dir, tmp_path):
                    "--alpha-task", "--epochs", "--lr", "--batch-size", "--max-steps", "--seed",
                    "--export"):  # fmt: skip
         assert option in text
-    assert "--init INIT" not in text and "one layer out of two" in text
+    assert "--init INIT" not in text and "0,2,4" in text
     base = f"--teacher {teacher_dir} --train x --out {tmp_path} --task classification".split()
     assert main([*base, "--student-layers", "5"]) == 2
     assert "must be 1..4" in capsys.readouterr().err

@@ -344,10 +344,10 @@ def test_minilm_package_matches_sentence_transformers(
     lines = (shared_data / "sst2" / "dev.tsv").read_text().splitlines()[1:65]
     sentences = [line.split("\t")[0] for line in lines]
 
-    rows = embed.encode_pre(load_tokenizer(pkg.tokenizer_path), sentences, pkg.max_seq_length)
+    rows = embed.preprocess(load_tokenizer(pkg.tokenizer_path), sentences, pkg.max_seq_length)
     feed = pad(rows.sequences)
-    fp32 = embed.encode_post(session(pkg.variant_path("fp32")).run(None, feed)[0], normalize=True)
-    int8 = embed.encode_post(session(pkg.variant_path("int8")).run(None, feed)[0], normalize=True)
+    fp32 = embed.postprocess(session(pkg.variant_path("fp32")).run(None, feed)[0], normalize=True)
+    int8 = embed.postprocess(session(pkg.variant_path("int8")).run(None, feed)[0], normalize=True)
     reference = st.SentenceTransformer(str(minilm_path), device="cpu").encode(
         sentences, batch_size=64, normalize_embeddings=True
     )

@@ -4,6 +4,8 @@ that names its file and line. Real-data checks are marked `shared`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -83,6 +85,19 @@ def test_label_vocabulary_orders_ids_numerically_and_names_alphabetically(tmp_pa
         "neg",
         "meh",
     ]
+
+
+def test_numeric_labels_are_ids_of_a_checkpoints_label_names(tmp_path):
+    # A GLUE TSV (0/1) against a checkpoint fine-tuned with --labels negative,positive: the
+    # numbers are ids of the checkpoint's names, so the names are kept and 0/1 map by position.
+    glue = read_classification(write(tmp_path, "dev.tsv", "sentence\tlabel\na\t1\nb\t0\n"))
+    named = ["negative", "positive"]
+    assert label_vocabulary(glue, known=named) == named
+    assert label_ids(glue, named) == [1, 0]
+    # an id past the names is still an unknown label, and numbers that are names stay names
+    with pytest.raises(DataError, match="label '2'"):
+        label_ids(read_classification(write(tmp_path, "x.tsv", "sentence\tlabel\na\t2\n")), named)
+    assert label_ids(glue, ["1", "0"]) == [0, 1]
 
 
 def test_encoded_rows_are_the_services_rows(tmp_path, tok):
@@ -267,6 +282,26 @@ def test_squad_answers_not_at_their_start_are_skipped_and_counted(tmp_path, tok)
     qas = [{"id": "q1", "question": "who", "answers": [{"text": "paris", "answer_start": 0}]}]
     rows, skipped = encode_squad(read_squad(squad_file(tmp_path, qas)), tok, 64, 16)
     assert rows == [] and skipped == 1
+
+
+def test_a_question_the_service_would_refuse_is_a_data_error_naming_it(tmp_path, tok):
+    # the service answers this with a 422; a reader names the record and says nothing of HTTP
+    qas = [{"id": "q1", "question": "who " * 40, "answers": []}]
+    (e,) = read_squad(squad_file(tmp_path, qas))
+    with pytest.raises(DataError, match=r"qas\[0\].*question is too long for max_seq_len 24"):
+        encode_squad([e], tok, max_seq_length=24, doc_stride=8)
+
+
+def test_fine_tuning_imports_no_serving_runtime():
+    # training shares the package contract and the rows with the service, not its runtime
+    code = (
+        "import sys, training.finetune\n"
+        "loaded = [m for m in ('onnxruntime', 'prometheus_client', 'fastapi', 'service.errors')"
+        " if m in sys.modules]\n"
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_malformed_squad_names_the_question(tmp_path):

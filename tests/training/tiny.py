@@ -1,54 +1,17 @@
-"""A tiny vocabulary and encoder for the fine-tuning tests that do not need ../shared.
-
-Every lower-case word tokenizes (single letters and their `##` continuations are in the
-vocabulary), so any English test sentence works; a few whole words make some multi-piece
-and some single-piece words.
-"""
+"""A tiny encoder for the fine-tuning tests that do not need ../shared, on the one tiny
+vocabulary of the tests (tests.packages.tiny_tokenizer: any English sentence tokenizes)."""
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+from tests.packages import tiny_tokenizer
 from training.checkpoint import save_model
 from training.config import BertConfig
 from training.model import BertForEmbedding
-from training.tokenizer import load_tokenizer
-
-WORDS = [
-    "the",
-    "a",
-    "an",
-    "is",
-    "was",
-    "good",
-    "bad",
-    "film",
-    "movie",
-    "great",
-    "awful",
-    "paris",
-    "france",
-    "who",
-    "where",
-    "what",
-    "john",
-    "smith",
-    "lives",
-    "in",
-]
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def tiny_tokenizer(directory: Path) -> Tokenizer:
-    letters = list(string.ascii_lowercase + string.digits)
-    vocab = SPECIALS + letters + [f"##{c}" for c in letters] + list(string.punctuation) + WORDS
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    return load_tokenizer(directory / "vocab.txt", lowercase=True)
 
 
 def tiny_bert_config(vocab_size: int) -> BertConfig:
@@ -68,3 +31,6 @@ def tiny_init(directory: Path, tokenizer: Tokenizer, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = BertForEmbedding(tiny_bert_config(tokenizer.get_vocab_size(with_added_tokens=True)))
     return save_model(model, directory, tokenizer)
+
+
+__all__ = ["tiny_bert_config", "tiny_init", "tiny_tokenizer"]

@@ -54,10 +54,11 @@ def read_classification(path: str | Path) -> list[TextExample]:
 
 def label_vocabulary(examples: list[TextExample], known: list[str] | None = None) -> list[str]:
     """Label names in id order. `known` (the checkpoint's id2label) is kept when the data uses
-    its names; otherwise ids are assigned afresh: numerically when every label is an integer
-    (so "0"/"1" keep their ids), else alphabetically."""
+    its names or its ids (a GLUE TSV's 0/1 against a checkpoint fine-tuned with `--labels
+    negative,positive`); otherwise ids are assigned afresh: numerically when every label is an
+    integer (so "0"/"1" keep their ids), else alphabetically."""
     seen = {e.label for e in examples}
-    if known and seen <= set(known):
+    if known and (seen <= set(known) or all(_known_id(label, known) for label in seen)):
         return list(known)
     if all(_is_int(label) for label in seen):
         return sorted(seen, key=int)
@@ -68,9 +69,15 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
+def _known_id(label: str, names: list[str]) -> bool:
+    """`label` is an id of `names` written as a number, and not itself one of the names."""
+    return label not in names and label.isdigit() and int(label) < len(names)
+
+
 def label_ids(examples: list[TextExample], labels: list[str]) -> list[int]:
     """Map every example's label to its id; a label the model does not know is an error."""
     index = {name: i for i, name in enumerate(labels)}
+    index |= {str(i): i for i in range(len(labels)) if str(i) not in index}  # ids as numbers
     for e in examples:
         if e.label not in index:
             raise DataError(

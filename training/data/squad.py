@@ -1,6 +1,6 @@
 """Extractive question answering data: SQuAD v1.1 / v2.0 JSON.
 
-Training rows are the service's own windows (`service.tasks.qa.encode_pre`: `[CLS] question
+Training rows are the service's own windows (`service.tasks.qa.preprocess`: `[CLS] question
 [SEP] context part [SEP]`, consecutive windows sharing `doc_stride` context tokens), so the
 model learns on exactly the rows it is later asked about. The answer's character span is
 mapped to token positions through each window's offsets; a window that does not hold the
@@ -86,12 +86,13 @@ def _get(obj: object, key: str, kind: type | tuple[type, ...], where: str):
 
 def prepare(
     e: QAExample, tokenizer: Tokenizer, max_seq_length: int, doc_stride: int
-) -> qa.Prepared:
-    """The service's windows for one example; its refusals name the example."""
+) -> qa.WindowedContext:
+    """The service's windows for one example; its refusals (InvalidInput, which the service
+    answers with a 422) become a DataError that names the example."""
     try:
-        return qa.encode_pre(tokenizer, e.question, e.context, max_seq_length, doc_stride)
+        return qa.preprocess(tokenizer, e.question, e.context, max_seq_length, doc_stride)
     except InvalidInput as err:
-        raise DataError(f"{e.where}: {err.message}") from None
+        raise DataError(f"{e.where}: {err}") from None
 
 
 def answer_positions(window: qa.Window, start_char: int, end_char: int) -> tuple[int, int]:

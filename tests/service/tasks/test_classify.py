@@ -14,12 +14,12 @@ from service.rows import InvalidInput, longest_first, prepare_tokenizer, special
 from service.tasks import classify
 from tests.service.tasks.conftest import as_lists, forward, sst2_sentences
 
-# --- encode_pre -----------------------------------------------------------------------------
+# --- preprocess -----------------------------------------------------------------------------
 
 
 def test_rows_are_the_tokenizers_own_encoding(toy_tokenizer: Tokenizer) -> None:
     inputs: list[Any] = ["the cat sat", ("a dog ran", "new york city"), "", "   "]
-    prepared = classify.encode_pre(toy_tokenizer, inputs, max_seq_length=64)
+    prepared = classify.preprocess(toy_tokenizer, inputs, max_seq_length=64)
     for x, seq in zip(inputs, prepared.sequences, strict=True):
         enc = toy_tokenizer.encode(*x) if isinstance(x, tuple) else toy_tokenizer.encode(x)
         assert seq.input_ids.tolist() == enc.ids
@@ -33,25 +33,25 @@ def test_rows_are_the_tokenizers_own_encoding(toy_tokenizer: Tokenizer) -> None:
 
 def test_truncation_is_counted_and_can_be_refused(toy_tokenizer: Tokenizer) -> None:
     long_text = " ".join(["the cat sat on the mat"] * 5)  # 30 tokens
-    prepared = classify.encode_pre(toy_tokenizer, ["a cat", long_text, (long_text, "a dog")], 16)
+    prepared = classify.preprocess(toy_tokenizer, ["a cat", long_text, (long_text, "a dog")], 16)
     assert [len(s) for s in prepared.sequences] == [4, 16, 16]
     assert prepared.truncated == 2
     with pytest.raises(
         InvalidInput, match=r"inputs\[1\] is 32 tokens long, more than max_seq_length 16"
     ):
-        classify.encode_pre(toy_tokenizer, ["a cat", long_text], 16, truncate=False)
+        classify.preprocess(toy_tokenizer, ["a cat", long_text], 16, truncate=False)
     # an input that fits exactly is not truncated
-    assert classify.encode_pre(toy_tokenizer, [long_text], 32, truncate=False).truncated == 0
+    assert classify.preprocess(toy_tokenizer, [long_text], 32, truncate=False).truncated == 0
 
 
 def test_bad_inputs_and_unsafe_tokenizers_are_refused(toy_tokenizer: Tokenizer) -> None:
     with pytest.raises(InvalidInput, match=r"inputs\[0\]"):
-        classify.encode_pre(toy_tokenizer, [("a", "b", "c")], 16)  # type: ignore[list-item]
+        classify.preprocess(toy_tokenizer, [("a", "b", "c")], 16)  # type: ignore[list-item]
     padded = Tokenizer.from_str(toy_tokenizer.to_str())
     padded.enable_padding(length=32)
     with pytest.raises(ValueError, match="prepare_tokenizer"):
-        classify.encode_pre(padded, ["a cat"], 16)
-    assert len(classify.encode_pre(prepare_tokenizer(padded), ["a cat"], 16).sequences[0]) == 4
+        classify.preprocess(padded, ["a cat"], 16)
+    assert len(classify.preprocess(prepare_tokenizer(padded), ["a cat"], 16).sequences[0]) == 4
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5, 6, 7, 10, 11])
@@ -74,52 +74,52 @@ def test_pairs_truncate_like_transformers(
     pairs = list(zip(sentences[:40], sentences[40:], strict=True)) + [
         (s, s[:20]) for s in sentences[:20]
     ]
-    prepared = classify.encode_pre(tok_uncased, pairs, max_length)
+    prepared = classify.preprocess(tok_uncased, pairs, max_length)
     for (a, b), seq in zip(pairs, prepared.sequences, strict=True):
         hf = hf_uncased(a, b, truncation=True, max_length=max_length)
         assert seq.input_ids.tolist() == hf["input_ids"]
         assert seq.token_type_ids.tolist() == hf["token_type_ids"]
-    singles = classify.encode_pre(tok_uncased, sentences, max_length)
+    singles = classify.preprocess(tok_uncased, sentences, max_length)
     assert (
         as_lists(singles.sequences)
         == hf_uncased(sentences, truncation=True, max_length=max_length)["input_ids"]
     )
 
 
-# --- encode_post ----------------------------------------------------------------------------
+# --- postprocess ----------------------------------------------------------------------------
 
 
 def test_scores_follow_the_problem_type() -> None:
     logits = np.array([[1.0, 3.0, 2.0], [0.0, 0.0, -1.0]], dtype=np.float32)
     labels = ["a", "b", "c"]
-    best = classify.encode_post(logits, labels, "single_label")
+    best = classify.postprocess(logits, labels, "single_label")
     e = np.exp([1.0, 3.0, 2.0])
     assert best[0] == [{"label": "b", "score": pytest.approx(e[1] / e.sum())}]
     # ties keep label order, like the pipeline's stable sort
     assert [
-        x["label"] for x in classify.encode_post(logits, labels, "single_label", top_k=None)[1]
+        x["label"] for x in classify.postprocess(logits, labels, "single_label", top_k=None)[1]
     ] == ["a", "b", "c"]
-    multi = classify.encode_post(logits, labels, "multi_label", top_k=None)[0]
+    multi = classify.postprocess(logits, labels, "multi_label", top_k=None)[0]
     assert [x["score"] for x in multi] == pytest.approx(
         1 / (1 + np.exp(-np.array([3.0, 2.0, 1.0])))
     )
-    raw = classify.encode_post(logits, labels, "regression", top_k=2)[0]
+    raw = classify.postprocess(logits, labels, "regression", top_k=2)[0]
     assert raw == [{"label": "b", "score": 3.0}, {"label": "c", "score": 2.0}]
     # a lone output that is not a regression gets a sigmoid, not a constant softmax
-    assert classify.encode_post(np.zeros((1, 1)), ["yes"], "single_label")[0][0]["score"] == 0.5
-    assert classify.encode_post(logits, labels, "single_label", "none", None)[0][0]["score"] == 3.0
+    assert classify.postprocess(np.zeros((1, 1)), ["yes"], "single_label")[0][0]["score"] == 0.5
+    assert classify.postprocess(logits, labels, "single_label", "none", None)[0][0]["score"] == 3.0
 
 
 def test_sigmoid_is_stable_and_bad_requests_are_input_errors() -> None:
     logits = np.array([[-1000.0, 1000.0]], dtype=np.float32)
-    scores = classify.encode_post(logits, ["a", "b"], "multi_label", top_k=None)[0]
+    scores = classify.postprocess(logits, ["a", "b"], "multi_label", top_k=None)[0]
     assert [s["score"] for s in scores] == [1.0, 0.0]
     with pytest.raises(InvalidInput, match="function_to_apply"):
-        classify.encode_post(logits, ["a", "b"], "single_label", "tanh")
+        classify.postprocess(logits, ["a", "b"], "single_label", "tanh")
     with pytest.raises(InvalidInput, match="top_k"):
-        classify.encode_post(logits, ["a", "b"], "single_label", top_k=0)
+        classify.postprocess(logits, ["a", "b"], "single_label", top_k=0)
     with pytest.raises(ValueError, match="labels"):
-        classify.encode_post(logits, ["a"], "single_label")
+        classify.postprocess(logits, ["a"], "single_label")
 
 
 # --- parity with transformers' pipeline on real sentences ----------------------------------
@@ -157,7 +157,7 @@ def test_same_answers_as_the_pipeline(
         (sentences, sentences),
         (pairs, [{"text": a, "text_pair": b} for a, b in pairs]),
     ]:
-        prepared = classify.encode_pre(tok_uncased, inputs, max_len)
+        prepared = classify.preprocess(tok_uncased, inputs, max_len)
         hf_ids = [
             hf_uncased(**x, truncation=True, max_length=max_len)["input_ids"]
             if isinstance(x, dict)
@@ -168,13 +168,13 @@ def test_same_answers_as_the_pipeline(
         assert prepared.truncated > 0
         logits = np.stack([forward(model, s)["logits"] for s in prepared.sequences])
         for top_k in (None, 1):
-            ours = classify.encode_post(logits, labels, problem_type, top_k=top_k)
+            ours = classify.postprocess(logits, labels, problem_type, top_k=top_k)
             theirs = pipe(hf_inputs, top_k=top_k, truncation=True, max_length=max_len)
             for o, t in zip(ours, theirs, strict=True):
                 assert [x["label"] for x in o] == [x["label"] for x in t]
                 assert [x["score"] for x in o] == pytest.approx([x["score"] for x in t], abs=1e-4)
         # an explicit function overrides the default, as in the pipeline
-        ours = classify.encode_post(logits, labels, problem_type, "sigmoid", None)
+        ours = classify.postprocess(logits, labels, problem_type, "sigmoid", None)
         theirs = pipe(
             hf_inputs, top_k=None, function_to_apply="sigmoid", truncation=True, max_length=max_len
         )

@@ -17,18 +17,18 @@ from tests.service.tasks.conftest import as_lists, sst2_sentences
 
 def test_rows_and_truncation_are_the_classifiers(toy_tokenizer: Tokenizer) -> None:
     texts = ["the cat sat", "", " ".join(["the dog ran"] * 10), "東京 😀 e\u0301"]
-    ours = embed.encode_pre(toy_tokenizer, texts, 16)
+    ours = embed.preprocess(toy_tokenizer, texts, 16)
     assert as_lists(ours.sequences) == as_lists(
-        classify.encode_pre(toy_tokenizer, texts, 16).sequences
+        classify.preprocess(toy_tokenizer, texts, 16).sequences
     )
     assert ours.truncated == 1
     assert as_lists(ours.sequences[:2]) == [toy_tokenizer.encode(t).ids for t in texts[:2]]
     with pytest.raises(
         InvalidInput, match=r"inputs\[2\] is 32 tokens long, more than max_seq_length 16"
     ):
-        embed.encode_pre(toy_tokenizer, texts, 16, truncate=False)
+        embed.preprocess(toy_tokenizer, texts, 16, truncate=False)
     with pytest.raises(InvalidInput, match=r"inputs\[0\]: expected a string"):
-        embed.encode_pre(toy_tokenizer, [("a", "b")], 16)  # type: ignore[list-item]
+        embed.preprocess(toy_tokenizer, [("a", "b")], 16)  # type: ignore[list-item]
 
 
 @pytest.mark.shared
@@ -36,7 +36,7 @@ def test_rows_match_transformers(
     tok_uncased: Tokenizer, hf_uncased: Any, shared_data: Path
 ) -> None:
     texts = sst2_sentences(shared_data, 60)
-    prepared = embed.encode_pre(tok_uncased, texts, 20)
+    prepared = embed.preprocess(tok_uncased, texts, 20)
     assert (
         as_lists(prepared.sequences)
         == hf_uncased(texts, truncation=True, max_length=20)["input_ids"]
@@ -48,19 +48,19 @@ def test_normalize_gives_unit_vectors_and_keeps_zeros() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(0, 3, (5, 8)).astype(np.float32)
     x[2] = 0.0
-    out = embed.encode_post(x, normalize=True)
+    out = embed.postprocess(x, normalize=True)
     assert out.dtype == np.float32 and out.shape == (5, 8)
     norms = np.linalg.norm(out, axis=-1)
     assert norms[[0, 1, 3, 4]] == pytest.approx(1.0, abs=1e-6)
     assert norms[2] == 0.0 and np.isfinite(out).all()
     # direction kept: each row is a positive multiple of its input
     assert np.allclose(out[0] * np.linalg.norm(x[0]), x[0], atol=1e-5)
-    assert np.array_equal(embed.encode_post(x, normalize=False), x)
+    assert np.array_equal(embed.postprocess(x, normalize=False), x)
 
 
 def test_half_precision_inputs_do_not_overflow() -> None:
     x = np.full((1, 1024), 60000.0, dtype=np.float16)  # squares overflow float16
-    out = embed.encode_post(x, normalize=True)
+    out = embed.postprocess(x, normalize=True)
     assert out.dtype == np.float32
     assert np.linalg.norm(out) == pytest.approx(1.0, abs=1e-5)
 
@@ -69,4 +69,4 @@ def test_matches_torch_normalize() -> None:
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(1).normal(0, 1, (4, 384)).astype(np.float32)
     expected = torch.nn.functional.normalize(torch.from_numpy(x), dim=-1).numpy()
-    assert np.allclose(embed.encode_post(x, normalize=True), expected, atol=1e-6)
+    assert np.allclose(embed.postprocess(x, normalize=True), expected, atol=1e-6)

@@ -18,7 +18,7 @@ STRATEGIES = ["none", "simple", "first", "average", "max"]
 L = {name: i for i, name in enumerate(NER_LABELS)}
 
 
-def outputs_for(prepared: ner.Prepared, token_logits: np.ndarray) -> list[Outputs]:
+def outputs_for(prepared: ner.WindowedText, token_logits: np.ndarray) -> list[Outputs]:
     """Fake model whose logits per text token are fixed: (T, C) -> one Outputs per window."""
     out = []
     for w in prepared.windows:
@@ -38,12 +38,12 @@ def spans(entities: list[dict], key: str = "entity_group") -> list[tuple[str, in
     return [(e[key], e["start"], e["end"]) for e in entities]
 
 
-# --- encode_pre -----------------------------------------------------------------------------
+# --- preprocess -----------------------------------------------------------------------------
 
 
 def test_windows_cover_the_text_and_share_stride_tokens(toy_tokenizer: Tokenizer) -> None:
     text = " ".join(["the cats sat in new york city"] * 6)  # 48 tokens
-    prepared = ner.encode_pre(toy_tokenizer, text, max_seq_length=16, stride=4)
+    prepared = ner.preprocess(toy_tokenizer, text, max_seq_length=16, stride=4)
     assert prepared.windowed
     ids = encode(toy_tokenizer, text).ids
     for w in prepared.windows:
@@ -58,31 +58,31 @@ def test_windows_cover_the_text_and_share_stride_tokens(toy_tokenizer: Tokenizer
     assert starts[0] == 0 and stops[-1] == len(ids)
     assert all(b - a == 4 for a, b in zip(starts[1:], stops[:-1], strict=True))  # shared tokens
     with pytest.raises(ValueError, match="stride"):
-        ner.encode_pre(toy_tokenizer, text, max_seq_length=16, stride=14)
+        ner.preprocess(toy_tokenizer, text, max_seq_length=16, stride=14)
     # a text that fits is one window, whatever the stride
-    assert not ner.encode_pre(toy_tokenizer, "the cat", 16, stride=14).windowed
+    assert not ner.preprocess(toy_tokenizer, "the cat", 16, stride=14).windowed
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t ", "\x07\x00"])
 def test_empty_texts_have_one_empty_row_and_no_entities(
     toy_tokenizer: Tokenizer, text: str
 ) -> None:
-    prepared = ner.encode_pre(toy_tokenizer, text, 16, 4)
+    prepared = ner.preprocess(toy_tokenizer, text, 16, 4)
     assert len(prepared.sequences) == 1 and len(prepared.sequences[0]) == 2
     outputs = [{"logits": np.ones((2, len(NER_LABELS)), dtype=np.float32)}]
     for strategy in STRATEGIES:
-        assert ner.encode_post(prepared, outputs, NER_LABELS, strategy) == []
+        assert ner.postprocess(prepared, outputs, NER_LABELS, strategy) == []
 
 
-# --- encode_post on hand-made logits --------------------------------------------------------
+# --- postprocess on hand-made logits --------------------------------------------------------
 
 
 def test_grouping_by_b_and_i_tags(toy_tokenizer: Tokenizer) -> None:
     text = "the cats sat in new york city"  # the cat ##s sat in new york city
-    prepared = ner.encode_pre(toy_tokenizer, text, 32, 8)
+    prepared = ner.preprocess(toy_tokenizer, text, 32, 8)
     tags = ["O", "B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "B-LOC"]
     outputs = outputs_for(prepared, confident(tags))
-    simple = ner.encode_post(prepared, outputs, NER_LABELS, "simple")
+    simple = ner.postprocess(prepared, outputs, NER_LABELS, "simple")
     # an I- tag after O opens a group, a B- tag always does
     assert spans(simple) == [("PER", 4, 8), ("LOC", 13, 15), ("LOC", 16, 24), ("LOC", 25, 29)]
     assert [e["word"] for e in simple] == ["cats", "in", "new york", "city"]
@@ -91,36 +91,36 @@ def test_grouping_by_b_and_i_tags(toy_tokenizer: Tokenizer) -> None:
         e["score"] == pytest.approx(p, abs=1e-6) and type(e["score"]) is float for e in simple
     )
 
-    none = ner.encode_post(prepared, outputs, NER_LABELS, "none")
+    none = ner.postprocess(prepared, outputs, NER_LABELS, "none")
     assert [(e["entity"], e["index"], e["word"]) for e in none][:2] == [
         ("B-PER", 2, "cat"),
         ("I-PER", 3, "s"),
     ]
     assert len(none) == 6
     # nothing ignored: the O tokens come back too, and the O run groups like any tag
-    everything = ner.encode_post(prepared, outputs, NER_LABELS, "simple", ignore_labels=[])
+    everything = ner.postprocess(prepared, outputs, NER_LABELS, "simple", ignore_labels=[])
     assert spans(everything)[0] == ("O", 0, 3)
     assert spans(
-        ner.encode_post(prepared, outputs, NER_LABELS, "simple", ignore_labels=["O", "LOC"])
+        ner.postprocess(prepared, outputs, NER_LABELS, "simple", ignore_labels=["O", "LOC"])
     ) == [("PER", 4, 8)]
     with pytest.raises(InvalidInput, match="aggregation_strategy"):
-        ner.encode_post(prepared, outputs, NER_LABELS, "longest")
+        ner.postprocess(prepared, outputs, NER_LABELS, "longest")
 
 
 def test_word_strategies_make_a_words_tokens_agree(toy_tokenizer: Tokenizer) -> None:
     text = "the cats sat"  # the cat ##s sat
-    prepared = ner.encode_pre(toy_tokenizer, text, 32, 8)
+    prepared = ner.preprocess(toy_tokenizer, text, 32, 8)
     logits = np.zeros((4, len(NER_LABELS)), dtype=np.float32)
     logits[1, L["B-PER"]] = 2.0  # "cat": PER, not sure
     logits[2, L["B-LOC"]] = 6.0  # "##s": LOC, sure
     outputs = outputs_for(prepared, logits)
-    assert spans(ner.encode_post(prepared, outputs, NER_LABELS, "simple")) == [
+    assert spans(ner.postprocess(prepared, outputs, NER_LABELS, "simple")) == [
         ("PER", 4, 7),
         ("LOC", 7, 8),
     ]
-    assert spans(ner.encode_post(prepared, outputs, NER_LABELS, "first")) == [("PER", 4, 8)]
-    assert spans(ner.encode_post(prepared, outputs, NER_LABELS, "max")) == [("LOC", 4, 8)]
-    average = ner.encode_post(prepared, outputs, NER_LABELS, "average")
+    assert spans(ner.postprocess(prepared, outputs, NER_LABELS, "first")) == [("PER", 4, 8)]
+    assert spans(ner.postprocess(prepared, outputs, NER_LABELS, "max")) == [("LOC", 4, 8)]
+    average = ner.postprocess(prepared, outputs, NER_LABELS, "average")
     probs = np.exp(logits[1:3]) / np.exp(logits[1:3]).sum(-1, keepdims=True)
     mean = probs.mean(0)
     assert spans(average) == [(NER_LABELS[int(mean.argmax())][2:], 4, 8)]
@@ -131,11 +131,11 @@ def test_a_word_shortened_by_normalisation_still_starts_a_word(toy_tokenizer: To
     """ "c\x07at" is one token "cat" over 4 characters. The pipeline's length test would call it
     a subword and glue it to "the"; the WordPiece `##` marker says it starts a word."""
     text = "the c\x07at sat"
-    prepared = ner.encode_pre(toy_tokenizer, text, 32, 8)
+    prepared = ner.preprocess(toy_tokenizer, text, 32, 8)
     assert [text[a:b] for a, b in prepared.tokens.offsets] == ["the", "c\x07at", "sat"]
     outputs = outputs_for(prepared, confident(["B-PER", "B-LOC", "O"]))
     for strategy in ("first", "average", "max"):
-        entities = ner.encode_post(prepared, outputs, NER_LABELS, strategy)
+        entities = ner.postprocess(prepared, outputs, NER_LABELS, strategy)
         assert [(e["entity_group"], e["word"]) for e in entities] == [
             ("PER", "the"),
             ("LOC", "c\x07at"),
@@ -146,15 +146,15 @@ def test_long_texts_merge_to_what_one_window_gives(toy_tokenizer: Tokenizer) -> 
     """With logits that depend on the token alone, windows must stitch back exactly: any entity
     cut at a window edge, or counted twice in an overlap, would show up as a difference."""
     text = " ".join(["the cats sat in new york city, paris is in france."] * 8)
-    whole = ner.encode_pre(toy_tokenizer, text, 512, 0)
+    whole = ner.preprocess(toy_tokenizer, text, 512, 0)
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 2, (len(whole.tokens), len(NER_LABELS))).astype(np.float32)
     for max_len, stride in [(16, 4), (12, 0), (20, 9), (32, 8)]:
-        windowed = ner.encode_pre(toy_tokenizer, text, max_len, stride)
+        windowed = ner.preprocess(toy_tokenizer, text, max_len, stride)
         assert len(windowed.windows) > 2
         for strategy in STRATEGIES:
-            ours = ner.encode_post(windowed, outputs_for(windowed, logits), NER_LABELS, strategy)
-            reference = ner.encode_post(whole, outputs_for(whole, logits), NER_LABELS, strategy)
+            ours = ner.postprocess(windowed, outputs_for(windowed, logits), NER_LABELS, strategy)
+            reference = ner.postprocess(whole, outputs_for(whole, logits), NER_LABELS, strategy)
             assert ours == reference
 
 
@@ -173,7 +173,7 @@ def test_each_token_is_read_where_it_has_most_context(
     toy_tokenizer: Tokenizer, stride: int, windows: list[tuple[int, int]], chosen: list[int]
 ) -> None:
     text = " ".join(["the cat sat on the mat"] * 4)  # 24 tokens
-    prepared = ner.encode_pre(toy_tokenizer, text, 12, stride)  # windows of 10 tokens
+    prepared = ner.preprocess(toy_tokenizer, text, 12, stride)  # windows of 10 tokens
     assert [(w.start, w.stop) for w in prepared.windows] == windows
     # window k says "label k" for every token, so the scores show which window was read
     outputs = [
@@ -221,9 +221,9 @@ def test_same_entities_as_the_pipeline(
         )
         key = "entity" if strategy == "none" else "entity_group"
         for text in texts + UNICODE_TEXTS:
-            prepared = ner.encode_pre(tok_cased, text, 128, 16)
+            prepared = ner.preprocess(tok_cased, text, 128, 16)
             assert as_lists(prepared.sequences) == [hf_cased(text)["input_ids"]]
-            ours = ner.encode_post(
+            ours = ner.postprocess(
                 prepared, [forward(ner_model, s) for s in prepared.sequences], NER_LABELS, strategy
             )
             theirs = pipe(text)
@@ -249,7 +249,7 @@ def test_long_texts_against_the_pipelines_windows(
     texts = [" ".join(sentences[i : i + 3]) for i in range(0, 60, 3)] + UNICODE_TEXTS
     n_windowed = 0
     for text in texts:
-        prepared = ner.encode_pre(tok_cased, text, 32, 8)
+        prepared = ner.preprocess(tok_cased, text, 32, 8)
         hf = hf_cased(
             text, truncation=True, max_length=32, stride=8, return_overflowing_tokens=True
         )
@@ -257,7 +257,7 @@ def test_long_texts_against_the_pipelines_windows(
         n_windowed += prepared.windowed
         outputs = [forward(ner_model, s) for s in prepared.sequences]
         for strategy in STRATEGIES:
-            entities = ner.encode_post(prepared, outputs, NER_LABELS, strategy)
+            entities = ner.postprocess(prepared, outputs, NER_LABELS, strategy)
             bounds = [(e["start"], e["end"]) for e in entities]
             assert bounds == sorted(bounds)
             assert all(a[1] <= b[0] for a, b in zip(bounds, bounds[1:], strict=False))  # no overlap
@@ -268,10 +268,10 @@ def test_long_texts_against_the_pipelines_windows(
             assert all(s in starts and e in ends for s, e in bounds)
         # a text that fits one window: the windowed path is the single-window path
     short = sentences[0]
-    one = ner.encode_pre(tok_cased, short, 128, 8)
+    one = ner.preprocess(tok_cased, short, 128, 8)
     assert not one.windowed
     outputs = [forward(ner_model, s) for s in one.sequences]
-    assert ner.encode_post(one, outputs, NER_LABELS) == ner.encode_post(
-        ner.encode_pre(tok_cased, short, 512, 0), outputs, NER_LABELS
+    assert ner.postprocess(one, outputs, NER_LABELS) == ner.postprocess(
+        ner.preprocess(tok_cased, short, 512, 0), outputs, NER_LABELS
     )
     assert n_windowed >= 20

@@ -17,12 +17,12 @@ from tests.service.tasks.conftest import as_lists, forward, squad_pairs
 CONTEXT = "the cats sat on the mat in new york city. paris is in france."
 
 
-# --- encode_pre -----------------------------------------------------------------------------
+# --- preprocess -----------------------------------------------------------------------------
 
 
 def test_windows_hold_the_question_and_overlapping_context(toy_tokenizer: Tokenizer) -> None:
     question, context = "where is paris", " ".join([CONTEXT] * 3)
-    prepared = qa.encode_pre(toy_tokenizer, question, context, max_seq_len=24, doc_stride=5)
+    prepared = qa.preprocess(toy_tokenizer, question, context, max_seq_length=24, stride=5)
     assert prepared.windowed
     q_ids = encode(toy_tokenizer, question).ids.tolist()
     c = encode(toy_tokenizer, context)
@@ -40,7 +40,7 @@ def test_windows_hold_the_question_and_overlapping_context(toy_tokenizer: Tokeni
 
 
 def test_word_spans_stop_at_the_window_edge(toy_tokenizer: Tokenizer) -> None:
-    prepared = qa.encode_pre(toy_tokenizer, "who", "the dogs ran faster", max_seq_len=64)
+    prepared = qa.preprocess(toy_tokenizer, "who", "the dogs ran faster", max_seq_length=64)
     w = prepared.windows[0]
     context = prepared.context
     assert [context[a:b] for a, b in w.offsets] == ["the", "dog", "s", "ran", "fast", "er"]
@@ -53,7 +53,7 @@ def test_word_spans_stop_at_the_window_edge(toy_tokenizer: Tokenizer) -> None:
         "faster",
     ]
     # "dog" ends one window, "##s" opens the next: each window aligns to its own part
-    cut = qa.encode_pre(toy_tokenizer, "the", "the dogs ran faster", max_seq_len=6, doc_stride=0)
+    cut = qa.preprocess(toy_tokenizer, "the", "the dogs ran faster", max_seq_length=6, stride=0)
     assert [[context[a:b] for a, b in w.word_spans] for w in cut.windows] == [
         ["the", "dog"],
         ["s", "ran"],
@@ -64,7 +64,7 @@ def test_word_spans_stop_at_the_window_edge(toy_tokenizer: Tokenizer) -> None:
 @pytest.mark.parametrize("context", ["", "   ", "\n\x07"])
 def test_a_context_without_tokens_is_an_input_error(toy_tokenizer: Tokenizer, context: str) -> None:
     with pytest.raises(InvalidInput, match="context is empty"):
-        qa.encode_pre(toy_tokenizer, "where", context)
+        qa.preprocess(toy_tokenizer, "where", context)
 
 
 def test_questions_and_strides_that_leave_no_room(toy_tokenizer: Tokenizer) -> None:
@@ -72,20 +72,20 @@ def test_questions_and_strides_that_leave_no_room(toy_tokenizer: Tokenizer) -> N
     with pytest.raises(
         InvalidInput, match="question is too long for max_seq_len 23: its 20 tokens"
     ):
-        qa.encode_pre(toy_tokenizer, question, CONTEXT, max_seq_len=23)
+        qa.preprocess(toy_tokenizer, question, CONTEXT, max_seq_length=23)
     with pytest.raises(
         InvalidInput, match=r"doc_stride \(4\) must be smaller than the 4 context tokens"
     ):
-        qa.encode_pre(toy_tokenizer, question, CONTEXT, max_seq_len=27, doc_stride=4)
+        qa.preprocess(toy_tokenizer, question, CONTEXT, max_seq_length=27, stride=4)
     with pytest.raises(InvalidInput, match="max_question_len 8"):
-        qa.encode_pre(toy_tokenizer, question, CONTEXT, max_question_len=8)
+        qa.preprocess(toy_tokenizer, question, CONTEXT, max_question_len=8)
     # a context that fits needs no stride at all
-    assert not qa.encode_pre(
-        toy_tokenizer, question, "a cat", max_seq_len=27, doc_stride=100
+    assert not qa.preprocess(
+        toy_tokenizer, question, "a cat", max_seq_length=27, stride=100
     ).windowed
 
 
-# --- decode_spans and encode_post on hand-made logits ---------------------------------------
+# --- decode_spans and postprocess on hand-made logits ---------------------------------------
 
 
 def test_decode_spans_ranks_valid_spans_only() -> None:
@@ -122,7 +122,7 @@ def test_decode_spans_agrees_with_the_pipelines(seed: int) -> None:
 
 
 def _fake(
-    prepared: qa.Prepared, context: str, start_word: str, end_word: str, cls: float = 0.0
+    prepared: qa.WindowedContext, context: str, start_word: str, end_word: str, cls: float = 0.0
 ) -> list[Outputs]:
     """One window; high start logit on `start_word`'s token, high end logit on `end_word`'s."""
     (w,) = prepared.windows
@@ -137,15 +137,15 @@ def _fake(
 
 def test_answers_are_context_spans_widened_to_words(toy_tokenizer: Tokenizer) -> None:
     context = "the dogs ran faster than cats"
-    prepared = qa.encode_pre(toy_tokenizer, "who ran", context)
+    prepared = qa.preprocess(toy_tokenizer, "who ran", context)
     outputs = _fake(prepared, context, "s", "ran")  # the span starts inside "dogs"
-    best = qa.encode_post(prepared, outputs)
+    best = qa.postprocess(prepared, outputs)
     assert [(a["answer"], a["start"], a["end"]) for a in best] == [("dogs ran", 4, 12)]
     assert best[0]["answer"] == context[best[0]["start"] : best[0]["end"]]
-    loose = qa.encode_post(prepared, outputs, align_to_words=False)
+    loose = qa.postprocess(prepared, outputs, align_to_words=False)
     assert loose[0]["answer"] == "s ran"
     # "dog ran" and "s ran" both widen to "dogs ran": one answer, the scores added
-    top = qa.encode_post(prepared, outputs, top_k=30)
+    top = qa.postprocess(prepared, outputs, top_k=30)
     assert len({a["answer"] for a in top}) == len(top)
     w = prepared.windows[0]
     allowed = np.zeros(len(w.sequence), dtype=bool)
@@ -159,14 +159,14 @@ def test_answers_are_context_spans_widened_to_words(toy_tokenizer: Tokenizer) ->
 
 def test_the_null_answer_competes_only_when_asked(toy_tokenizer: Tokenizer) -> None:
     context = "paris is in france"
-    prepared = qa.encode_pre(toy_tokenizer, "where", context)
+    prepared = qa.preprocess(toy_tokenizer, "where", context)
     outputs = _fake(prepared, context, "paris", "paris", cls=12.0)
-    assert qa.encode_post(prepared, outputs)[0]["answer"] == "paris"
-    null, *rest = qa.encode_post(prepared, outputs, top_k=2, handle_impossible_answer=True)
+    assert qa.postprocess(prepared, outputs)[0]["answer"] == "paris"
+    null, *rest = qa.postprocess(prepared, outputs, top_k=2, handle_impossible_answer=True)
     assert (null["answer"], null["start"], null["end"]) == ("", 0, 0)
     assert null["score"] > rest[0]["score"]
     with pytest.raises(InvalidInput, match="top_k"):
-        qa.encode_post(prepared, outputs, top_k=0)
+        qa.postprocess(prepared, outputs, top_k=0)
 
 
 # --- parity with transformers' pipeline on SQuAD --------------------------------------------
@@ -201,7 +201,7 @@ def test_same_answers_as_the_pipeline(
     kwargs = {"max_seq_len": 64, "doc_stride": 16}  # small windows: most contexts span several
     n_windowed = 0
     for question, context in squad_pairs(shared_data, 50) + UNICODE_PAIRS:
-        prepared = qa.encode_pre(tok_uncased, question, context, **kwargs)
+        prepared = qa.preprocess(tok_uncased, question, context, max_seq_length=64, stride=16)
         hf = hf_uncased(
             question,
             context,
@@ -214,7 +214,7 @@ def test_same_answers_as_the_pipeline(
         assert [s.token_type_ids.tolist() for s in prepared.sequences] == hf["token_type_ids"]
         n_windowed += prepared.windowed
         outputs = [forward(model, s) for s in prepared.sequences]
-        ours = qa.encode_post(prepared, outputs, top_k, max_answer_len, handle_impossible_answer)
+        ours = qa.postprocess(prepared, outputs, top_k, max_answer_len, handle_impossible_answer)
         theirs = pipe(
             question=question,
             context=context,

@@ -1,5 +1,7 @@
-"""Traffic for the load tests and benchmarks/soak.py: a mix of valid requests over every inference
-endpoint, the comparison of an answer under load with its sequential reference, and percentiles.
+"""Traffic for benchmarks/soak.py and the service's load tests: a mix of valid requests over
+every inference endpoint, the comparison of an answer under load with its sequential reference,
+and percentiles. It lives on the benchmarks side so that tests import benchmarks, never the
+other way round.
 
 The requests name no model, so they run against any model_dir with one package per task (the
 tiny test packages or real ones).

@@ -1,0 +1,83 @@
+"""`python -m service --workers 2`: two server processes on one port behave as one service.
+
+Each answer comes from whichever worker accepted the connection; /ready waits for both;
+/metrics counts the requests of both; SIGTERM stops both cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from service.workers import share_of_cores
+from tests.service.conftest import metric
+
+REPO = Path(__file__).resolve().parents[2]
+REQUESTS = 20
+
+
+def spawned_workers(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def test_two_workers_answer_count_and_stop(
+    tmp_path: Path, make_package: Callable[..., Path]
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    make_package(models, "classification")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BERT_HEADS_", "PROMETHEUS"))}
+    log = tmp_path / "server.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--workers", "2", "--model-dir", str(models),
+         "--port", str(port), "--drain-timeout", "5"],
+        cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"not ready:\n{log.read_text()}")
+        assert len(spawned_workers(proc.pid)) == 2
+
+        for _ in range(REQUESTS):  # a new connection each: either worker may take it
+            r = httpx.post(url + "/classify", json={"inputs": "a fine film"})
+            assert r.status_code == 200
+            assert r.json()[0]["label"] in ("negative", "positive")
+        text = httpx.get(url + "/metrics").text
+        answered = metric(
+            text, "bert_heads_requests_total",
+            model="sst2", task="classification", endpoint="/classify", status="200",
+        )  # fmt: skip
+        assert answered == REQUESTS  # both workers' counts, summed
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    assert rc == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
+def test_each_worker_gets_its_share_of_the_cores() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert share_of_cores(1) == cores
+    assert share_of_cores(cores) == 1
+    assert share_of_cores(cores * 4) == 1  # never 0 (= ONNX Runtime's own default)

@@ -1,0 +1,64 @@
+"""The server-cost benchmark's parts (benchmarks.server_cost, _cpu, _bare) on a tiny package:
+its request bodies are what the API takes, and a short run accounts the server's CPU to its
+threads. Nothing here asserts speed: the figures are the benchmark's to report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from benchmarks import server_cost
+from benchmarks._cpu import CLASSES
+from service import schemas
+from tests.packages import build_tiny_package
+
+SCHEMAS = {
+    "/classify": schemas.ClassifyRequest,
+    "/embed": schemas.EmbedRequest,
+    "/v1/embeddings": schemas.OpenAIEmbeddingRequest,
+    "/ner": schemas.NerRequest,
+    "/qa": schemas.QaRequest,
+}
+TEXTS = ["a good film", "the worst movie of the year", "paris is the capital of france"]
+SHORT = argparse.Namespace(clients=4, warmup=0.3, duration=1.0)
+
+
+@pytest.mark.parametrize("endpoint", list(SCHEMAS))
+@pytest.mark.parametrize("shape", [1, 3])
+def test_bodies_are_requests_the_api_accepts(endpoint: str, shape: int) -> None:
+    inputs = [(t, t + " and more") for t in TEXTS] if endpoint == "/qa" else TEXTS
+    sent = server_cost.bodies(endpoint, inputs * 4, shape)
+    assert len(sent) == 12 // shape
+    for body in sent:
+        SCHEMAS[endpoint].model_validate(body)
+    many = sent[0].get("inputs", sent[0].get("input"))
+    assert isinstance(many, list) == (shape > 1)
+
+
+def _check_split(x: dict) -> None:
+    cpu = x["server_cpu_us"]
+    assert set(cpu) == {*CLASSES, "total"}
+    assert cpu["total"] == pytest.approx(sum(cpu[c] for c in CLASSES), abs=1.0)
+    assert cpu["event_loop"] > 0
+
+
+def test_a_short_run_splits_the_server_cpu_by_thread(tmp_path: Path) -> None:
+    build_tiny_package(tmp_path / "cls", "classification")
+    sent = server_cost.bodies("/classify", TEXTS, 1) + server_cost.bodies("/classify", TEXTS, 3)
+    with server_cost.start_service(tmp_path / "cls", "fp32", 2, server_cost._server.REPO) as s:
+        threads = s.threads[0]
+        classes = threads.classes()
+        assert classes[threads.pid] == "event_loop"
+        assert "ort_pool" in classes.values()  # 2 intra-op threads: the caller + one of ORT's
+        served = server_cost.measure(s, "/classify", sent, 1, SHORT)
+    assert served["requests_per_s"] > 0 and not served["errors"]
+    _check_split(served)
+    assert served["server_cpu_us"]["executor"] > 0  # every batch is handed to session.run there
+
+    with server_cost.start_bare() as bare:
+        floor = server_cost.measure(bare, "/", sent, 1, SHORT)
+    assert floor["requests_per_s"] > 0 and not floor["errors"]
+    _check_split(floor)
+    assert floor["server_cpu_us"]["executor"] == floor["server_cpu_us"]["ort_pool"] == 0

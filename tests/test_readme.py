@@ -1,0 +1,416 @@
+"""The README, run: so that it cannot drift from the server or the training commands again.
+
+Every `curl` in a ```bash block of README.md is sent to a real server (uvicorn on a loopback
+port) holding tiny stand-in packages named as the defaults (`make models`). The answer the
+README shows under it, in this format,
+
+    curl -s localhost:8080/qa -H 'content-type: application/json' -d '{...}'
+    # → {"answer": "Lisbon", "score": 0.97, "start": 15, "end": 21}   (prose after it is free)
+    # → 422 {"error": "...", "error_type": "validation"}                (a status first: not 2xx)
+    #     continuation lines of a long answer are indented
+
+is checked for shape, not numbers (the stand-ins have random weights): object keys exactly
+(`...` as a key: more keys allowed), lists item by item and their length (`[x, ...]`: x, then
+any number of items; an entity list's length is the model's), `...` as a value: anything;
+numbers and strings by type, but `error_type`, `object` and `status` strings and booleans
+exactly. A Prometheus line (`curl .../metrics | grep NAME`) must match an output line
+with the same name and labels. A curl with no `# →` answer must get a 2xx.
+
+The training commands of the README (`.venv/bin/python -m training.X ...`) run in the order
+written, on the sample data under examples/data, with $MINILM the real encoder
+(slow-marked); `--time-budget` becomes two steps (OVERRIDES).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DEFAULT_PACKAGES = {  # what `make models` builds (training/default_models.py)
+    "demo-sentiment": "classification",
+    "demo-ner": "token-classification",
+    "demo-qa": "question-answering",
+    "minilm-embedding": "embedding",
+}
+TASK_OF_ENDPOINT = {
+    "/classify": "classification",
+    "/ner": "token-classification",
+    "/qa": "question-answering",
+    "/embed": "embedding",
+    "/v1/embeddings": "embedding",
+}
+EXACT_STRINGS = {"error_type", "object", "status"}  # fixed by the API, not by the model
+ARROW = "# → "
+# What the test changes in a README training command, and why: a pretraining time budget (30
+# min) is the point of those commands, but the test only has to show that each runs as written.
+OVERRIDES = [(re.compile(r"--time-budget \S+"), "--steps 2")]
+
+
+# -- parsing the README --------------------------------------------------------------------------
+
+
+@dataclass
+class Command:
+    line: str  # the command, continuations joined
+    answer: str | None  # the text after `# → `, continuation lines joined; None: no answer shown
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def commands(block: str) -> list[Command]:
+    """The block's commands (`\\` continuations joined) with the answer shown below each."""
+    out: list[Command] = []
+    lines = block.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        i += 1
+        if line.startswith("#") and out and line.startswith(ARROW):
+            answer = [line[len(ARROW) :]]
+            while i < len(lines) and re.match(r"#\s{2,}\S", lines[i]):
+                answer.append(lines[i][1:].strip())
+                i += 1
+            out[-1].answer = " ".join(answer)
+            continue
+        if not line.strip() or line.startswith("#"):
+            continue
+        while line.endswith("\\") and i < len(lines):
+            line = line[:-1].rstrip() + " " + lines[i].strip()
+            i += 1
+        out.append(Command(line, None))
+    return out
+
+
+def readme_commands() -> list[Command]:
+    return [c for b in bash_blocks(README.read_text()) for c in commands(b)]
+
+
+def curls() -> list[Command]:
+    return [c for c in readme_commands() if c.line.startswith("curl ")]
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: str | None
+    grep: str | None  # `| grep X` after the curl: keep only the lines containing X
+
+
+def parse_curl(line: str) -> Request:
+    words = shlex.split(line, comments=True)
+    grep = None
+    if "|" in words:
+        pipe = words.index("|")
+        assert words[pipe + 1] == "grep", f"only `| grep` is understood: {line}"
+        grep, words = words[pipe + 2], words[:pipe]
+    method, url, headers, body = "GET", None, {}, None
+    it = iter(words[1:])
+    for word in it:
+        if word in ("-s", "-sS", "-S"):
+            continue
+        if word == "-H":
+            key, value = next(it).split(":", 1)
+            headers[key.strip()] = value.strip()
+        elif word in ("-d", "--data"):
+            body, method = next(it), "POST"
+        elif word == "-X":
+            method = next(it)
+        elif word.startswith("-"):
+            raise AssertionError(f"curl option {word} is not understood by this test: {line}")
+        else:
+            url = word
+    assert url, line
+    path = urlsplit(url if "://" in url else "http://" + url).path
+    return Request(method, path, headers, body, grep)
+
+
+def requested_model(req: Request) -> str | None:
+    if req.body is None:
+        return None
+    return json.loads(req.body).get("model")
+
+
+# -- the answer format -----------------------------------------------------------------------------
+
+ANY = "\x00any"  # what `...` stands for once the answer is JSON
+
+
+def to_json(text: str) -> str:
+    """`...` (outside strings) -> a marker: a value, a list's "more items", an object's
+    "more keys"."""
+    out, in_string, i = [], False, 0
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if c == "\\":
+                out.append(text[i + 1])
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif text.startswith("...", i):
+            before = "".join(out).rstrip()
+            key = before.endswith("{") or (before.endswith(",") and _in_object(before))
+            out.append(json.dumps(ANY) + (": null" if key else ""))
+            i += 2
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _in_object(before: str) -> bool:
+    """Whether the innermost open bracket of `before` (no strings inside) is `{`."""
+    depth = {"{": 0, "[": 0}
+    stack = []
+    for c in re.sub(r'"(\\.|[^"\\])*"', '""', before):
+        if c in depth:
+            stack.append(c)
+        elif c in "}]":
+            stack.pop()
+    return bool(stack) and stack[-1] == "{"
+
+
+def parse_answer(answer: str) -> tuple[int | None, Any, str]:
+    """`[STATUS] JSON [prose]` -> (status or None, the JSON with ANY markers, kind 'json');
+    a Prometheus line -> (status, the line, 'text')."""
+    status = None
+    m = re.match(r"(\d{3}) (.*)", answer)
+    if m:
+        status, answer = int(m.group(1)), m.group(2)
+    if answer[:1] in "[{":
+        value, end = json.JSONDecoder().raw_decode(to_json(answer))
+        rest = to_json(answer)[end:]
+        assert not rest or rest[0].isspace(), f"prose after an answer needs a space: {answer}"
+        return status, value, "json"
+    return status, answer.strip(), "text"
+
+
+def check(actual: Any, expected: Any, where: str = "$", key: str | None = None) -> None:
+    """Raise AssertionError naming the first place where `actual` is not shaped as `expected`."""
+    if expected == ANY:
+        return
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: expected an object, got {actual!r:.80}"
+        keys = [k for k in expected if k != ANY]
+        missing = [k for k in keys if k not in actual]
+        assert not missing, f"{where}: missing keys {missing} (has {sorted(actual)})"
+        if ANY not in expected:
+            extra = sorted(set(actual) - set(keys))
+            assert not extra, f"{where}: keys the README does not show: {extra}"
+        for k in keys:
+            check(actual[k], expected[k], f"{where}.{k}", k)
+    elif isinstance(expected, list):
+        assert isinstance(actual, list), f"{where}: expected a list, got {actual!r:.80}"
+        items = [e for e in expected if e != ANY]
+        # How many entities NER finds is the model's business, not the README's claim.
+        entities = any(isinstance(e, dict) and "entity_group" in e for e in items)
+        if ANY in expected or entities:  # at least one item; those shown are checked
+            assert actual, f"{where}: expected at least one item"
+            for n, (a, e) in enumerate(zip(actual, items, strict=False)):
+                check(a, e, f"{where}[{n}]")
+        else:
+            assert len(actual) == len(items), f"{where}: {len(actual)} items, shown {len(items)}"
+            for n, (a, e) in enumerate(zip(actual, items, strict=True)):
+                check(a, e, f"{where}[{n}]")
+    elif isinstance(expected, bool) or expected is None:
+        assert actual is expected, f"{where}: {actual!r}, shown {expected!r}"
+    elif isinstance(expected, int | float):
+        ok = isinstance(actual, float) or (isinstance(actual, int) and not isinstance(actual, bool))
+        ok = ok and (isinstance(expected, float) or isinstance(actual, int))
+        assert ok, f"{where}: {actual!r} is not a number like {expected!r}"
+    elif isinstance(expected, str):
+        assert isinstance(actual, str), f"{where}: {actual!r} is not a string"
+        if key in EXACT_STRINGS:
+            assert actual == expected, f"{where}: {actual!r}, shown {expected!r}"
+
+
+def check_metrics_line(text: str, expected: str) -> None:
+    """The shown Prometheus sample: same name and labels (any order), any value."""
+    m = re.fullmatch(r"(\w+)(\{.*\})? (\S+)", expected)
+    assert m, f"not a Prometheus sample: {expected}"
+
+    def labels(s: str | None) -> dict[str, str]:
+        return dict(re.findall(r'(\w+)="([^"]*)"', s or ""))
+
+    for line in text.splitlines():
+        got = re.fullmatch(r"(\w+)(\{.*\})? (\S+)", line)
+        if got and got.group(1) == m.group(1) and labels(got.group(2)) == labels(m.group(2)):
+            float(got.group(3))
+            return
+    raise AssertionError(f"no sample like {expected!r} in:\n{text[:2000]}")
+
+
+# -- unit tests of the checker: it must be able to fail ------------------------------------------
+
+
+def test_the_answer_format_checks_shapes():
+    _, shown, _ = parse_answer('[{"label": "positive", "score": 0.9}, ...]  (prose)')
+    check([{"label": "a", "score": 1.0}, {"label": "b", "score": 0}], shown)
+    with pytest.raises(AssertionError, match="expected a list"):
+        check({"label": "a", "score": 1.0}, shown)
+    with pytest.raises(AssertionError, match="missing keys"):
+        check([{"label": "a"}], shown)
+    with pytest.raises(AssertionError, match="does not show"):
+        check([{"label": "a", "score": 1.0, "extra": 1}], shown)
+    _, shown, _ = parse_answer('{"models": [{"name": "x", ...}, ...], "limits": {...}}')
+    check({"models": [{"name": "a", "task": "b"}], "limits": {"x": 1}}, shown)
+    with pytest.raises(AssertionError, match="expected an object"):
+        check([{"name": "a"}], shown)
+    status, shown, _ = parse_answer('422 {"error": "...", "error_type": "validation"}')
+    assert status == 422
+    with pytest.raises(AssertionError, match="validation"):
+        check({"error": "x", "error_type": "overloaded"}, shown)
+    check_metrics_line('m_count{model="a",task="b"} 3.0', 'm_count{task="b",model="a"} 1.0')
+    with pytest.raises(AssertionError):
+        check_metrics_line('m_count{model="a",task="b",endpoint="/e"} 3.0', 'm_count{model="a"} 1')
+
+
+def test_curl_parsing_handles_continuations_and_bodies():
+    [cmd] = commands(
+        "curl -s localhost:8080/qa -H 'content-type: application/json' \\\n"
+        '  -d \'{"question": "Who?", "context": "It\'s"}\'\n'
+        '# → {"answer": "x", ...}\n'
+        "#     more\n"
+    )
+    assert cmd.answer == '{"answer": "x", ...} more'
+    req = parse_curl(cmd.line.replace("It's", "It is"))
+    assert (req.method, req.path, json.loads(req.body)["question"]) == ("POST", "/qa", "Who?")
+
+
+# -- the README's curls against a real server -----------------------------------------------------
+
+
+def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
+    """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
+    get 4 layers and --hidden-states, for the README's feature-based example."""
+    packages = pytest.importorskip("tests.packages")
+    from training.config import BertConfig
+    from training.export import export_package
+    from training.model import HEADS
+
+    folder.mkdir()
+    for name, task in DEFAULT_PACKAGES.items():
+        packages.build_tiny_package(folder / name, task, name=name)
+    for name, task in extra.items():
+        tok = packages.tiny_tokenizer()
+        config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
+                            num_hidden_layers=4, num_attention_heads=4, intermediate_size=37)  # fmt: skip
+        export_package(HEADS[task](config).eval(), task, folder / name, tokenizer=tok, name=name,
+                       max_seq_length=128, verbose=False, hidden_states=task == "embedding")  # fmt: skip
+    return folder
+
+
+def extra_packages() -> dict[str, str]:
+    """{name: task} of the packages the README's curls name beyond the defaults, but for the
+    ones an example shows answering 404 (an unknown model)."""
+    extra = {}
+    for cmd in curls():
+        req = parse_curl(cmd.line)
+        name = requested_model(req)
+        unknown = cmd.answer is not None and parse_answer(cmd.answer)[0] == 404
+        if name and name not in DEFAULT_PACKAGES and not unknown:
+            extra[name] = TASK_OF_ENDPOINT[req.path]
+    return extra
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """{"default": url, "extra": url}: the defaults alone (a request that names no model must
+    find exactly one per task), and the other packages the curls name."""
+    from service.app import create_app
+    from service.settings import Settings
+    from tests.service.conftest import LiveServer
+
+    extra = extra_packages()
+    started = {}
+    for kind, names in (("default", {}), ("extra", extra)):
+        folder = _stand_ins(tmp_path_factory.mktemp(kind) / "models", names)
+        started[kind] = LiveServer(create_app(Settings(model_dir=folder))).start()
+    yield {kind: s.url for kind, s in started.items()}
+    for s in started.values():
+        s.stop()
+
+
+def test_the_readme_shows_curls_with_answers():
+    shown = [c for c in curls() if c.answer is not None]
+    assert len(shown) >= 10, "the README lost its examples"
+    endpoints = {parse_curl(c.line).path for c in curls()}
+    assert {"/classify", "/ner", "/qa", "/embed", "/v1/embeddings", "/models"} <= endpoints
+
+
+@pytest.mark.parametrize("cmd", curls(), ids=lambda c: parse_curl(c.line).path)
+def test_readme_curl(cmd: Command, servers):
+    req = parse_curl(cmd.line)
+    url = servers["extra" if requested_model(req) in extra_packages() else "default"]
+    r = httpx.request(req.method, url + req.path, headers=req.headers, content=req.body, timeout=60)
+    if cmd.answer is None:
+        assert r.is_success, f"{cmd.line}\n-> {r.status_code} {r.text[:500]}"
+        return
+    status, shown, kind = parse_answer(cmd.answer)
+    if status is None:
+        assert r.is_success, f"{cmd.line}\n-> {r.status_code} {r.text[:500]}"
+    else:
+        assert r.status_code == status, f"{cmd.line}\n-> {r.status_code} {r.text[:500]}"
+    if kind == "text":
+        text = "\n".join(s for s in r.text.splitlines() if not req.grep or req.grep in s)
+        check_metrics_line(text, shown)
+    else:
+        try:
+            check(r.json(), shown)
+        except AssertionError as e:
+            raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
+
+
+# -- the README's training commands -----------------------------------------------------------------
+
+
+def training_commands() -> list[str]:
+    return [c.line for c in readme_commands() if c.line.startswith(".venv/bin/python -m training.")]
+
+
+def test_training_commands_use_the_shipped_samples():
+    """Every data path a README training command names is in the repository."""
+    cmds = training_commands()
+    assert len(cmds) >= 6
+    for line in cmds:
+        assert "../shared" not in line, line
+        for path in re.findall(r"examples/\S+", line):
+            assert (REPO / path).exists(), f"{path} (in: {line})"
+
+
+@pytest.mark.slow
+def test_readme_training_commands_run(minilm_path, tmp_path):
+    """In order, as written (OVERRIDES aside), from a fresh folder holding examples/: each
+    command's outputs feed the next (runs/sst2/best -> export, distill)."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    env = {**os.environ, "MINILM": str(minilm_path), "PYTHONPATH": str(REPO)}
+    for line in training_commands():
+        run = line.replace(".venv/bin/python", shlex.quote(sys.executable), 1)
+        for pattern, replacement in OVERRIDES:
+            run = pattern.sub(replacement, run)
+        done = subprocess.run(
+            ["bash", "-c", run], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert (tmp_path / "models" / "sst2" / "package.json").is_file()
