@@ -22,7 +22,7 @@ from service.http import PayloadLimit, RequestMetrics, install_error_handlers
 from service.metrics import Metrics
 from service.registry import Registry
 from service.routes import ROUTERS, inference_routes
-from service.routes.inference import Shortcut
+from service.routes.inference import DisconnectWatch, Shortcut
 from service.settings import Settings
 
 
@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings, app.state.registry, app.state.metrics = settings, registry, metrics
+    app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -4,8 +4,10 @@ Requests arrive as `Job`s (service.tasks): texts plus what to do with them. One 
 model, in a loop:
 
 1. encode the texts of every job that arrived since its last look in one `encode_batch` call
-   (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows (in a thread: the Rust encoder runs without the GIL). When a
-   batch is ready to run, this overlaps its inference; when the model is idle, it comes first;
+   (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows, in a thread
+   (the Rust encoder runs without the GIL). When a batch is ready to run, this overlaps its
+   inference; when the model is idle, it comes first, and a lone short job (INLINE_CHARS) is
+   encoded on the event loop, sparing the hop;
 2. take a window of the oldest queued rows (FIFO), skipping rows of requests that are already
    finished: cancelled because the client went away, past their deadline, or failed;
 3. sort the window by length and grow a batch around the oldest row, first with shorter rows
@@ -59,6 +61,13 @@ CPU_PAD_LIMIT = 8
 # 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
 # noise (benchmarks/README.md, "Issue 18, round 3").
 SERIAL_BELOW = 8
+# A job of at most this many characters that arrives alone at an idle model is tokenized on
+# the event loop, not in a thread: for one short sentence the hop to a thread and back (waking
+# it, then the loop) took longer than the encoding, and nothing runs that the encoding could
+# overlap. Several jobs at once (under load, where encoding them overlaps the running batch),
+# larger jobs, and every job while a batch runs still go to a thread (benchmarks/README.md,
+# "Issue 18, final").
+INLINE_CHARS = 512
 
 
 class Admission:
@@ -197,10 +206,13 @@ class Batcher:
         metrics.queue_depth.set_function(lambda: self._queued_rows)
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizing: list[_Request] = []  # requests in the encoder's thread now
         self._running: list[_Request] = []  # requests with rows in the backend's thread now
 
     def start(self) -> None:
+        # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
+        self._loop = asyncio.get_running_loop()
         self._worker = asyncio.create_task(self._run(), name=f"batcher-{self.name}")
 
     @property
@@ -227,9 +239,9 @@ class Batcher:
         (event loop clock) passes first, InvalidInput when the job's texts cannot make rows,
         BackendError when a batch holding one of its rows failed. Cancelling the future drops
         the job: its rows still queued never run (counted as client_gone)."""
-        if self._worker is None:
+        loop = self._loop
+        if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
-        loop = asyncio.get_running_loop()
         request = _Request(job, deadline, loop.time(), loop.create_future())
         request.timer = loop.call_at(deadline, self._expire, request)
         request.future.add_done_callback(lambda _: self._finished(request))
@@ -279,7 +291,11 @@ class Batcher:
                 continue
             new = self._take_inbox()
             if new and not any(not r.future.done() for r, _ in self._queue):
-                await self._tokenize(new)  # idle model: these rows are the next batch
+                # idle model: these rows are the next batch
+                if len(new) == 1 and sum(map(len, new[0].job.texts)) <= INLINE_CHARS:
+                    self._tokenize_here(new)
+                else:
+                    await self._tokenize(new)
                 new = []
             if self.max_wait and self._queued_rows < self.max_batch_size:
                 oldest = next((r for r, _ in self._queue if not r.future.done()), None)
@@ -324,6 +340,21 @@ class Batcher:
             made = [error] * len(requests)
         finally:
             self._tokenizing = []
+        self._take_rows(requests, made, start)
+
+    def _tokenize_here(self, requests: list[_Request]) -> None:
+        """`_tokenize` on the event loop (see INLINE_CHARS)."""
+        start = time.perf_counter()
+        try:
+            made = self._rows_of([r.job for r in requests])
+        except Exception:  # a bug here must not kill the worker
+            log.exception("%s: tokenization failed", self.name)
+            made = [BackendError("internal error while tokenizing")] * len(requests)
+        self._take_rows(requests, made, start)
+
+    def _take_rows(
+        self, requests: list[_Request], made: list[list[Sequence] | Exception], start: float
+    ) -> None:
         self.metrics.tokenization.observe(time.perf_counter() - start)
         truncated = windowed = 0
         for request, rows in zip(requests, made, strict=True):

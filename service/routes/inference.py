@@ -48,10 +48,43 @@ log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Any, "Inference"], Awaitable[Response]]
 
-# Seconds a request waits for its answer before a task starts watching for the client's
-# disconnect: a disconnect is then noticed at most this much later (and always before the
-# request's rows still queued run).
+# A request still waiting for its answer WATCH_AFTER to 2 x WATCH_AFTER seconds after it was
+# queued gets a task that watches for the client's disconnect: a disconnect is then noticed
+# at most that much later (and always before the request's rows still queued run).
 WATCH_AFTER = 0.05
+
+
+class DisconnectWatch:
+    """Starts the disconnect watch of every request still waiting after a sweep period, with
+    one timer per period for all of them. Why not one timer per request: most answers come
+    back within a period, and each timer cost a heap push and a cancel on the event loop.
+
+    Two generations: requests queued since the last sweep (`young`), and those queued before
+    it (`old`); at each sweep the old ones still waiting get their watch, and the young
+    become old."""
+
+    def __init__(self) -> None:
+        self.young: dict[Inference, asyncio.Future[Any]] = {}
+        self.old: dict[Inference, asyncio.Future[Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, run: Inference, future: asyncio.Future[Any]) -> None:
+        self.young[run] = future
+        if self._timer is None or self._loop is not run.loop:  # a test's loop may be new
+            self._loop = run.loop
+            self._timer = run.loop.call_later(WATCH_AFTER, self._sweep)
+
+    def discard(self, run: Inference) -> None:
+        if self.young.pop(run, None) is None:
+            self.old.pop(run, None)
+
+    def _sweep(self) -> None:
+        for run, future in self.old.items():
+            run.watch(future)
+        self.old, self.young = self.young, {}
+        assert self._loop is not None
+        self._timer = self._loop.call_later(WATCH_AFTER, self._sweep) if self.old else None
 
 
 class Inference(Request):
@@ -61,10 +94,15 @@ class Inference(Request):
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         super().__init__(scope, receive)
-        self.registry: Registry = self.app.state.registry
-        self.deadline = asyncio.get_running_loop().time() + self.registry.settings.request_timeout
+        state = self.app.state
+        self.registry: Registry = state.registry
+        self.watches: DisconnectWatch = state.disconnect_watch
+        # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + self.registry.settings.request_timeout
         self._model: LoadedModel | None = None
         self._gone = False  # the client disconnected
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def model(self) -> LoadedModel:
@@ -118,13 +156,10 @@ class Inference(Request):
         disconnects first: the job's rows still queued are then dropped before they cost
         compute."""
         future = self.model.batcher.enqueue(job, self.deadline)
-        loop = asyncio.get_running_loop()
-        watch: list[asyncio.Task[None]] = []
-        # Most answers come back before a watcher would be worth its task: start one only for
-        # a request still waiting after WATCH_AFTER (near-null model, 32 clients: -N us/request).
-        timer = loop.call_later(
-            WATCH_AFTER, lambda: watch.append(loop.create_task(self._until_gone(future)))
-        )
+        # Most answers come back before a watch would be worth its task: one starts only for
+        # a request still waiting at the next sweep but one.
+        watches = self.watches
+        watches.add(self, future)
         try:
             return await future
         except asyncio.CancelledError:
@@ -132,9 +167,14 @@ class Inference(Request):
                 raise ClientGone("client disconnected") from None
             raise
         finally:
-            timer.cancel()
-            if watch:
-                watch[0].cancel()
+            watches.discard(self)
+            if self._watch is not None:
+                self._watch.cancel()
+
+    def watch(self, future: asyncio.Future[Any]) -> None:
+        """Start watching for the client's disconnect, which cancels `future`."""
+        if self._watch is None and not future.done():
+            self._watch = self.loop.create_task(self._until_gone(future))
 
     async def _until_gone(self, future: asyncio.Future[Any]) -> None:
         # The body is read by now, so the next message the server has is the disconnect.

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.batcher import Admission, Batcher, grow_batch, pad
+from service.batcher import INLINE_CHARS, Admission, Batcher, grow_batch, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
 from service.rows import Outputs, Sequence
@@ -342,3 +342,45 @@ async def test_a_failure_answering_together_stays_with_the_job_that_raises() -> 
     assert answers[0] == answers[2] == "alone"  # retried one at a time
     assert isinstance(answers[1], BackendError) and "post-processing" in str(answers[1])
     assert Together.calls == [3]
+
+
+class Texts(Rows):
+    """A job with texts: records the thread that made its rows; `broken` raises there."""
+
+    def __init__(self, text: str, broken: bool = False) -> None:
+        super().__init__([seq(3, 40)])
+        self.texts, self.broken = [text], broken
+        self.thread: int | None = None
+
+    def rows(self, tokenizer: object, encodings: list[object]) -> list[Sequence]:
+        self.thread = threading.get_ident()
+        if self.broken:
+            raise RuntimeError("a bug in this job's rows")
+        return self._rows
+
+
+class Encoder:
+    def encode(self, text: str, add_special_tokens: bool = True) -> str:
+        return text
+
+
+async def test_an_idle_model_tokenizes_a_short_job_on_the_loop_and_a_long_one_in_a_thread() -> None:
+    backend = FakeBackend()
+    batcher, _ = make(backend)
+    batcher.tokenizer = Encoder()  # type: ignore[assignment]
+    short, long_ = Texts("a fine movie"), Texts("word " * INLINE_CHARS)
+    assert (await batcher.submit(short, deadline()))[0]["total"] == 40 + 41 + 42
+    assert (await batcher.submit(long_, deadline()))[0]["total"] == 40 + 41 + 42
+    assert short.thread == threading.get_ident() != long_.thread
+    await batcher.stop()
+
+
+async def test_a_failure_tokenizing_on_the_loop_fails_only_its_request() -> None:
+    backend = FakeBackend()
+    batcher, _ = make(backend)
+    batcher.tokenizer = Encoder()  # type: ignore[assignment]
+    with pytest.raises(BackendError, match="tokenizing"):
+        await batcher.submit(Texts("a fine movie", broken=True), deadline())
+    assert batcher.alive
+    assert (await batcher.submit(Texts("a dull one"), deadline()))[0]["total"] == 123
+    await batcher.stop()
