@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,16 @@ def shown(text: str) -> str:
     return text
 
 
-def portable(value: Any) -> Any:
-    """`value` (JSON-like) with `shown` applied to every string in it."""
+def portable(value: Any, show: Callable[[str], str] = shown) -> Any:
+    """`value` (JSON-like) with `show` (default `shown`) applied to every string in it."""
     if isinstance(value, str):
-        return shown(value)
+        return show(value)
     if isinstance(value, Path):
-        return shown(str(value))
+        return show(str(value))
     if isinstance(value, dict):
-        return {k: portable(v) for k, v in value.items()}
+        return {k: portable(v, show) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [portable(v) for v in value]
+        return [portable(v, show) for v in value]
     return value
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._paths import shown
+from benchmarks._paths import portable, shown
 
 REPO = Path(__file__).resolve().parents[1]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -34,16 +34,11 @@ _SCRATCH = re.compile(r"(?<![\w.])/(?:tmp|work|home|root|var|mnt|data)(?:/[^\s/`
 def local_paths(value: Any) -> Any:
     """`value` (JSON-like) with each absolute scratch path written as `<local>/<last part>`:
     results name what was measured, never where it lay on this machine."""
-    if isinstance(value, str):
-        value = shown(value)
-        return _SCRATCH.sub(lambda m: "<local>/" + m.group(0).rsplit("/", 1)[1], value)
-    if isinstance(value, Path):
-        return local_paths(str(value))
-    if isinstance(value, dict):
-        return {k: local_paths(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [local_paths(v) for v in value]
-    return value
+    return portable(value, _local_path)
+
+
+def _local_path(text: str) -> str:
+    return _SCRATCH.sub(lambda m: "<local>/" + m.group(0).rsplit("/", 1)[1], shown(text))
 
 
 def free_port() -> int:
