@@ -29,7 +29,7 @@ from service.contract import OUTPUT_NAMES
 from service.errors import InputError, ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.package import ModelPackage, find_packages, read_package
-from service.rows import encode, load_tokenizer, row, special_ids
+from service.rows import encode, load_tokenizer, row, template
 from service.runtime import Backend, open_backend, warm_up
 from service.settings import Settings
 from service.workers import LoadFlags
@@ -142,10 +142,9 @@ class Registry:
             raise ValueError(f"a {package.task} package needs outputs {sorted(missing)}")
         tokenizer = load_tokenizer(package.tokenizer_path)
         backend, variant = open_backend(package, self.settings)
-        cls_id, sep_id = special_ids(tokenizer)
-        sample = row(cls_id, sep_id, encode(tokenizer, "warm up the model").ids)
+        sample = row(template(tokenizer), encode(tokenizer, "warm up the model").ids)
         warm = time.perf_counter()
-        outputs = warm_up(backend, pad([sample, sample]))  # 2 rows: the batch axis is dynamic
+        outputs = warm_up(backend, pad([sample, sample], template(tokenizer).pad_id))  # 2 rows: the batch axis is dynamic
         seconds = time.perf_counter() - warm
         if missing := declared - set(outputs):
             raise ValueError(f"the graph does not produce outputs {sorted(missing)}")
@@ -170,7 +169,7 @@ class Registry:
             max_batch_tokens=s.max_batch_tokens,
             max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms,
-            pad_token_id=opened.tokenizer.token_to_id("[PAD]") or 0,
+            pad_token_id=template(opened.tokenizer).pad_id,
             name=package.name,
         )
         batcher.start()

@@ -1,7 +1,8 @@
 """Text -> model rows, the one public numpy-only module both the service and `training/` use:
-the row type (`Sequence`), padding (`pad`), one encoding path, the BERT row layout
-`[CLS] A [SEP] (B [SEP])`, and the truncation and windowing rules of Hugging Face fast
-tokenizers, reproduced by hand. It imports numpy and `tokenizers` only: no ONNX Runtime, no
+the row type (`Sequence`), padding (`pad`), one encoding path, each family's row layout
+(`Template`: `[CLS] A [SEP] (B [SEP])` for BERT, `<s> A </s>(</s> B </s>)` for RoBERTa, read
+from the tokenizer's own post-processor), and the truncation and windowing rules of Hugging
+Face fast tokenizers, reproduced by hand. It imports numpy and `tokenizers` only: no ONNX Runtime, no
 HTTP, no metrics, so a fine-tuning run that pads its batches pulls in none of those.
 
 Why by hand: `Tokenizer.enable_truncation` / `enable_padding` mutate a tokenizer that all
@@ -11,7 +12,7 @@ check the rows equal what `BertTokenizerFast` gives with `truncation=True` (long
 `return_overflowing_tokens=True, stride=...`.
 
 The tokenizer must come with padding and truncation off: `load_tokenizer` / `prepare_tokenizer`
-do that once, at load time; `special_ids` refuses a tokenizer that still pads or truncates.
+do that once, at load time; `template` refuses a tokenizer that still pads or truncates.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def pad(rows: list[Sequence], pad_token_id: int = 0) -> dict[str, np.ndarray]:
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
+PAD_TOKENS = ("[PAD]", "<pad>")  # BERT, ALBERT, ELECTRA, DistilBERT / RoBERTa, XLM-R, CamemBERT
 
 
 def prepare_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
@@ -86,17 +88,127 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return prepare_tokenizer(Tokenizer.from_file(str(path)))
 
 
-def special_ids(tokenizer: Tokenizer) -> tuple[int, int]:
-    """(cls_id, sep_id). Also the one place that checks the tokenizer is safe to share."""
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """One row layout: prefix, text a, middle, text b, suffix. ids / types of the special
+    parts are (n,) int64; a_type / b_type the token type of every token of a / b."""
+
+    prefix: np.ndarray
+    prefix_types: np.ndarray
+    a_type: int
+    middle: np.ndarray
+    middle_types: np.ndarray
+    b_type: int
+    suffix: np.ndarray
+    suffix_types: np.ndarray
+
+    @property
+    def n_special(self) -> int:
+        return len(self.prefix) + len(self.middle) + len(self.suffix)
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A model family's row layout for one text and for a pair, and its padding id.
+
+    Read from the tokenizer's post-processor (`template`), so every family gets its own:
+    BERT, ALBERT, ELECTRA, DistilBERT `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]` with type 1
+    on `b [SEP]`; RoBERTa, XLM-R, CamemBERT `<s> a </s>` / `<s> a </s></s> b </s>`, all type 0.
+    pad_id: what `pad` fills with; the RoBERTa family's position ids are counted from it.
+    """
+
+    single: _Parts
+    pair: _Parts
+    pad_id: int
+
+    @property
+    def cls_id(self) -> int | None:
+        """The row's first token ([CLS], <s>): the null answer's position in QA."""
+        return int(self.single.prefix[0]) if len(self.single.prefix) else None
+
+
+def _probe_parts(tokenizer: Tokenizer, a: Encoding, b: Encoding | None) -> _Parts:
+    """Run the tokenizer's post-processor on probe encodings and read back where it put its
+    special tokens and which token types it gave each part."""
+    done = tokenizer.post_process(a, b, add_special_tokens=True)
+    ids = np.asarray(done.ids, dtype=np.int64)
+    types = np.asarray(done.type_ids, dtype=np.int64)
+    # Not `sequence_ids`: TemplateProcessing leaves sequence A's at None. The texts are the
+    # non-special tokens, A's first.
+    texts = [i for i, special in enumerate(done.special_tokens_mask) if not special]
+    n_a, n_b = len(a.ids), 0 if b is None else len(b.ids)
+    if len(texts) != n_a + n_b or texts != list(range(texts[0], texts[0] + n_a)) + texts[n_a:]:
+        raise ValueError("the tokenizer's post-processor changes the texts; not a row layout")
+    a0, a1 = texts[0], texts[n_a - 1] + 1
+    b0, b1 = (texts[n_a], texts[-1] + 1) if n_b else (a1, a1)
+    if n_b and b1 - b0 != n_b:
+        raise ValueError("the tokenizer's post-processor interleaves the texts; not a row layout")
+    return _Parts(
+        prefix=ids[:a0],
+        prefix_types=types[:a0],
+        a_type=int(types[a0]),
+        middle=ids[a1:b0],
+        middle_types=types[a1:b0],
+        b_type=int(types[b0]) if n_b else 0,
+        suffix=ids[b1:],
+        suffix_types=types[b1:],
+    )
+
+
+def _read_template(tokenizer: Tokenizer) -> Template:
+    pad_id = next(
+        (i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0
+    )
+    if tokenizer.post_processor is None:
+        # A bare tokenizer.json (no template): BERT's layout by its token names, as before
+        # tokenizer.json carried one.
+        cls_id, sep_id = tokenizer.token_to_id(CLS_TOKEN), tokenizer.token_to_id(SEP_TOKEN)
+        if cls_id is None or sep_id is None:
+            raise ValueError(
+                "the tokenizer has no post-processor (the template that adds [CLS] / <s>) "
+                f"and no {CLS_TOKEN} / {SEP_TOKEN} tokens to fall back on"
+            )
+        one, zero = np.array([cls_id], np.int64), np.zeros(1, np.int64)
+        sep = np.array([sep_id], np.int64)
+        empty = np.zeros(0, np.int64)
+        return Template(
+            single=_Parts(one, zero, 0, empty, empty, 0, sep, zero),
+            pair=_Parts(one, zero, 0, sep, zero, 1, sep, np.ones(1, np.int64)),
+            pad_id=pad_id,
+        )
+    a = tokenizer.encode("a", add_special_tokens=False)
+    b = tokenizer.encode("b", add_special_tokens=False)
+    if not a.ids or not b.ids:
+        raise ValueError("the tokenizer encodes 'a' to no token: cannot read its row layout")
+    single, pair = _probe_parts(tokenizer, a, None), _probe_parts(tokenizer, a, b)
+    if not single.n_special:
+        raise ValueError(
+            "the tokenizer's post-processor adds no special tokens: a BERT-family model "
+            "needs its [CLS]/<s> template in tokenizer.json"
+        )
+    return Template(single=single, pair=pair, pad_id=pad_id)
+
+
+# tokenizer id -> (tokenizer, its Template), held as _SUBWORD below holds its tables.
+_TEMPLATES: dict[int, tuple[Tokenizer, Template]] = {}
+
+
+def template(tokenizer: Tokenizer) -> Template:
+    """The tokenizer's row layout (cached). Also the one place that checks the tokenizer is
+    safe to share between request threads."""
+    cached = _TEMPLATES.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
     if tokenizer.padding is not None or tokenizer.truncation is not None:
         raise ValueError(
             "the tokenizer pads or truncates by itself; pass it through "
             "service.rows.prepare_tokenizer once at load time"
         )
-    cls_id, sep_id = tokenizer.token_to_id(CLS_TOKEN), tokenizer.token_to_id(SEP_TOKEN)
-    if cls_id is None or sep_id is None:
-        raise ValueError(f"the tokenizer's vocabulary has no {CLS_TOKEN} or {SEP_TOKEN}")
-    return cls_id, sep_id
+    found = _read_template(tokenizer)
+    if len(_TEMPLATES) >= 16:
+        _TEMPLATES.pop(next(iter(_TEMPLATES)))
+    _TEMPLATES[id(tokenizer)] = (tokenizer, found)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,19 +278,25 @@ def _subword_table(tokenizer: Tokenizer) -> np.ndarray:
 
 
 def row(
-    cls_id: int, sep_id: int, a: np.ndarray | list[int], b: np.ndarray | list[int] | None = None
+    layout: Template, a: np.ndarray | list[int], b: np.ndarray | list[int] | None = None
 ) -> Sequence:
-    """The BERT layout: `[CLS] a [SEP]`, or `[CLS] a [SEP] b [SEP]` with type id 1 on `b [SEP]`."""
+    """One text or a pair in the family's layout: `[CLS] a [SEP] (b [SEP])` for BERT,
+    `<s> a </s>(</s> b </s>)` for RoBERTa, with the template's token types."""
     # Filled in place: np.concatenate of the parts cost several times more for short rows.
-    n_a = len(a)
-    n = n_a + 2 if b is None else n_a + len(b) + 3
+    t = layout.single if b is None else layout.pair
+    p, m = len(t.prefix), len(t.middle)
+    a_end = p + len(a)
+    b_start = a_end + m
+    b_end = b_start if b is None else b_start + len(b)
+    n = b_end + len(t.suffix)
     input_ids = np.empty(n, dtype=np.int64)
-    input_ids[0], input_ids[n_a + 1], input_ids[n - 1] = cls_id, sep_id, sep_id
-    input_ids[1 : n_a + 1] = a
-    token_type_ids = np.zeros(n, dtype=np.int64)
+    token_type_ids = np.empty(n, dtype=np.int64)
+    input_ids[:p], token_type_ids[:p] = t.prefix, t.prefix_types
+    input_ids[p:a_end], token_type_ids[p:a_end] = a, t.a_type
+    input_ids[a_end:b_start], token_type_ids[a_end:b_start] = t.middle, t.middle_types
     if b is not None:
-        input_ids[n_a + 2 : n - 1] = b
-        token_type_ids[n_a + 2 :] = 1
+        input_ids[b_start:b_end], token_type_ids[b_start:b_end] = b, t.b_type
+    input_ids[b_end:], token_type_ids[b_end:] = t.suffix, t.suffix_types
     return Sequence(input_ids=input_ids, token_type_ids=token_type_ids)
 
 
@@ -249,21 +367,20 @@ def encode_texts(
     # One batch call: `tokenizers` encodes it in parallel in Rust, and a pair's two texts are
     # normalised and pre-tokenized independently anyway, so encoding them apart is exact.
     encodings = tokenizer.encode_batch(flatten(inputs), add_special_tokens=False)
-    return text_rows(special_ids(tokenizer), inputs, encodings, max_seq_length, truncate)
+    return text_rows(template(tokenizer), inputs, encodings, max_seq_length, truncate)
 
 
 def text_rows(
-    specials: tuple[int, int],
+    layout: Template,
     inputs: list[str] | list[TextInput],
     encodings: list[Encoding],
     max_seq_length: int,
     truncate: bool = True,
 ) -> EncodedTexts:
     """`encode_texts` from the encodings of `flatten(inputs)` (the batch worker encodes many
-    requests' texts in one call). specials: (cls_id, sep_id)."""
-    cls_id, sep_id = specials
+    requests' texts in one call). layout: `template(tokenizer)`."""
     pairs = [not isinstance(x, str) for x in inputs]
-    min_length = 3 if any(pairs) else 2
+    min_length = layout.pair.n_special if any(pairs) else layout.single.n_special
     if max_seq_length < min_length:
         raise ValueError(f"max_seq_length ({max_seq_length}) leaves no room for any token")
     ids = iter([e.ids for e in encodings])  # lists: row() copies them once, into the row
@@ -271,7 +388,7 @@ def text_rows(
     truncated = 0
     for i, is_pair in enumerate(pairs):
         a, b = next(ids), (next(ids) if is_pair else None)
-        n_special = 3 if is_pair else 2
+        n_special = (layout.pair if is_pair else layout.single).n_special
         length = len(a) + (0 if b is None else len(b)) + n_special
         if length > max_seq_length:
             if not truncate:
@@ -286,5 +403,5 @@ def text_rows(
             else:
                 keep_a, keep_b = longest_first(len(a), len(b), budget)
                 a, b = a[:keep_a], b[:keep_b]
-        sequences.append(row(cls_id, sep_id, a, b))
+        sequences.append(row(layout, a, b))
     return EncodedTexts(sequences=sequences, truncated=truncated)

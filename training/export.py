@@ -63,6 +63,7 @@ from service.contract import (
     VARIANT_FILES,
 )
 from service.package import ModelPackage, write_package
+from service.rows import pad, prepare_tokenizer, row, template
 from training.checkpoint import CheckpointError, load_model, read_max_seq_length
 from training.cli import option, parse
 from training.model import BertSelfAttention, pool, set_attention_implementation
@@ -166,28 +167,23 @@ def export_mode(module: nn.Module) -> Iterator[None]:
 def probe_batches(
     tokenizer: Tokenizer, vocab_size: int, max_seq_length: int, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
-    """Padded batches like the service builds: [CLS] a [SEP] b [SEP] [PAD]..., rows of
-    different lengths, random non-special token ids, segment B with token_type_ids 1."""
+    """Padded batches as the service builds them: pairs in the family's own layout
+    (`service.rows.template`: [CLS] a [SEP] b [SEP] or <s> a </s></s> b </s>), rows of
+    different lengths, random non-special token ids, padded with the family's pad id."""
     rng = np.random.default_rng(seed)
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     ordinary = np.array([i for i in range(vocab_size) if i not in special])
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    pad = tokenizer.token_to_id("[PAD]") or 0
+    layout = template(prepare_tokenizer(tokenizer))
+    n_special = layout.pair.n_special
     batches = []
     for batch, seq in PROBE_SHAPES:
         T = min(seq, max_seq_length)
-        ids = np.full((batch, T), pad, dtype=np.int64)
-        mask = np.zeros((batch, T), dtype=np.int64)
-        types = np.zeros((batch, T), dtype=np.int64)
-        for row in range(batch):
-            n = max(4, T - row * T // batch)  # first row fills T; the others are padded
-            ids[row, :n] = rng.choice(ordinary, n)
-            split = n // 2
-            if cls is not None and sep is not None:
-                ids[row, [0, split, n - 1]] = [cls, sep, sep]
-            mask[row, :n] = 1
-            types[row, split + 1 : n] = 1
-        batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        rows = []
+        for r in range(batch):
+            n = max(n_special + 2, T - r * T // batch)  # first row fills T; the others are padded
+            text = rng.choice(ordinary, n - n_special)
+            rows.append(row(layout, text[: len(text) // 2], text[len(text) // 2 :]))
+        batches.append(pad(rows, layout.pad_id))
     return batches
 
 

@@ -35,7 +35,7 @@ from service.rows import (
     TextInput,
     encode_texts,
     flatten,
-    special_ids,
+    template,
     text_rows,
 )
 
@@ -152,7 +152,7 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         encoded = text_rows(
-            special_ids(tokenizer), self.inputs, encodings, self.max_seq_length, self.truncate
+            template(tokenizer), self.inputs, encodings, self.max_seq_length, self.truncate
         )
         self.truncated = encoded.truncated
         return encoded.sequences

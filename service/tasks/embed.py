@@ -31,7 +31,7 @@ from service.rows import (
     Outputs,
     Sequence,
     encode_texts,
-    special_ids,
+    template,
     text_rows,
 )
 
@@ -173,7 +173,7 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         encoded = text_rows(
-            special_ids(tokenizer), self.texts, encodings, self.max_seq_length, self.truncate
+            template(tokenizer), self.texts, encodings, self.max_seq_length, self.truncate
         )
         self.truncated = encoded.truncated
         self.tokens = sum(len(row) for row in encoded.sequences)

@@ -44,7 +44,7 @@ from service.rows import (
     Tokens,
     encode,
     row,
-    special_ids,
+    template,
     tokens,
     windows,
 )
@@ -118,8 +118,9 @@ def preprocess(tokenizer: Tokenizer, text: str, max_seq_length: int, stride: int
 def _windowed(
     tokenizer: Tokenizer, text: str, text_tokens: Tokens, max_seq_length: int, stride: int
 ) -> WindowedText:
-    cls_id, sep_id = special_ids(tokenizer)
-    room = max_seq_length - 2
+    layout = template(tokenizer)
+    before, after = len(layout.single.prefix), len(layout.single.suffix)
+    room = max_seq_length - before - after
     if room < 1:
         raise ValueError(f"max_seq_length ({max_seq_length}) leaves no room for any token")
     # The empty text still gets its row `[CLS] [SEP]`, like the pipeline's, so that every
@@ -128,11 +129,11 @@ def _windowed(
     out = []
     for start, stop in spans:
         n = stop - start
-        offsets = np.zeros((n + 2, 2), dtype=np.int64)
-        offsets[1:-1] = text_tokens.offsets[start:stop]
-        special = np.zeros(n + 2, dtype=bool)
-        special[[0, -1]] = True
-        seq = row(cls_id, sep_id, text_tokens.ids[start:stop])
+        offsets = np.zeros((before + n + after, 2), dtype=np.int64)
+        offsets[before : before + n] = text_tokens.offsets[start:stop]
+        special = np.ones(before + n + after, dtype=bool)
+        special[before : before + n] = False
+        seq = row(layout, text_tokens.ids[start:stop])
         out.append(Window(sequence=seq, start=start, stop=stop, offsets=offsets, special=special))
     return WindowedText(text=text, tokens=text_tokens, windows=out)
 

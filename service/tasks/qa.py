@@ -44,7 +44,7 @@ from service.rows import (
     Tokens,
     encode,
     row,
-    special_ids,
+    template,
     tokens,
     windows,
 )
@@ -142,14 +142,14 @@ def _windowed(
     stride: int,
     max_question_len: int | None = None,
 ) -> WindowedContext:
-    cls_id, sep_id = special_ids(tokenizer)
+    layout = template(tokenizer).pair
     if len(c) == 0:
         raise InvalidInput("context is empty: it has no tokens to answer from")
     if max_question_len is not None and len(q) > max_question_len:
         raise InvalidInput(
             f"question is {len(q)} tokens long, more than max_question_len {max_question_len}"
         )
-    room = max_seq_length - len(q) - 3
+    room = max_seq_length - len(q) - layout.n_special
     if room < 1:
         raise InvalidInput(
             f"question is too long for max_seq_len {max_seq_length}: its {len(q)} tokens leave "
@@ -167,8 +167,8 @@ def _windowed(
         offsets = c.offsets[start:stop]
         out.append(
             Window(
-                sequence=row(cls_id, sep_id, q.ids, c.ids[start:stop]),
-                context_start=len(q) + 2,
+                sequence=row(template(tokenizer), q.ids, c.ids[start:stop]),
+                context_start=len(layout.prefix) + len(q) + len(layout.middle),
                 offsets=offsets,
                 word_spans=_word_spans(offsets, c.words[start:stop]),
             )

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.rows import Sequence, row, special_ids
+from service.rows import Sequence, Template, row, template
 from training.data.records import JSONL, DataError, existing, field, read_records, require_rows
 from training.metrics import to_iob2
 
@@ -155,9 +155,9 @@ def encode_tagged(
     at word boundaries into consecutive rows, so every word is trained on and predicted once;
     reading the labelled positions of all rows in order gives back the words in order."""
     check_tags(sentences, tags)
-    cls_id, sep_id = special_ids(tokenizer)
+    layout = template(tokenizer)
     tag_id = {t: i for i, t in enumerate(tags)}
-    room = max_seq_length - 2
+    room = max_seq_length - layout.single.n_special
     if room < 1:
         raise ValueError(f"max_seq_length {max_seq_length} leaves no room for a word")
     rows = []
@@ -166,19 +166,20 @@ def encode_tagged(
         for pieces, tag in zip(word_pieces(tokenizer, s.words), s.tags, strict=True):
             pieces = pieces[:room]  # a single word longer than a row keeps its first pieces
             if chunk and sum(len(p) for p, _ in chunk) + len(pieces) > room:
-                rows.append(_row(chunk, tag_id, cls_id, sep_id))
+                rows.append(_row(chunk, tag_id, layout))
                 chunk = []
             chunk.append((pieces, tag))
-        rows.append(_row(chunk, tag_id, cls_id, sep_id))
+        rows.append(_row(chunk, tag_id, layout))
     return rows
 
 
 def _row(
-    chunk: list[tuple[np.ndarray, str]], tag_id: dict[str, int], cls_id: int, sep_id: int
+    chunk: list[tuple[np.ndarray, str]], tag_id: dict[str, int], layout: Template
 ) -> dict:
     ids = np.concatenate([p for p, _ in chunk])
-    labels = np.full(len(ids) + 2, IGNORE, dtype=np.int64)
-    first = 1 + np.cumsum([0] + [len(p) for p, _ in chunk[:-1]])  # +1: after [CLS]
+    labels = np.full(len(ids) + layout.single.n_special, IGNORE, dtype=np.int64)
+    # after the template's prefix ([CLS], <s>)
+    first = len(layout.single.prefix) + np.cumsum([0] + [len(p) for p, _ in chunk[:-1]])
     labels[first] = [tag_id[t] for _, t in chunk]
-    sequence: Sequence = row(cls_id, sep_id, ids)
+    sequence: Sequence = row(layout, ids)
     return {"sequence": sequence, "labels": labels}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput, longest_first, prepare_tokenizer, special_ids
+from service.rows import InvalidInput, longest_first, prepare_tokenizer, template
 from service.tasks import classify
 from tests.service.tasks.conftest import as_lists, forward, sst2_sentences
 
@@ -27,8 +27,8 @@ def test_rows_are_the_tokenizers_own_encoding(toy_tokenizer: Tokenizer) -> None:
         assert seq.input_ids.dtype == seq.token_type_ids.dtype == np.int64
     assert prepared.truncated == 0
     # empty and whitespace-only texts are the empty sequence [CLS] [SEP]
-    cls_id, sep_id = special_ids(toy_tokenizer)
-    assert as_lists(prepared.sequences[2:]) == [[cls_id, sep_id]] * 2
+    layout = template(toy_tokenizer).single
+    assert as_lists(prepared.sequences[2:]) == [[*layout.prefix, *layout.suffix]] * 2
 
 
 def test_truncation_is_counted_and_can_be_refused(toy_tokenizer: Tokenizer) -> None:
