@@ -1,0 +1,250 @@
+"""Tiny Hugging Face checkpoints of every BERT-family model type, saved with `save_pretrained`
+exactly as a user's fine-tuned head would be, for the tests of issue 17 (bring your own model).
+
+    >>> folder = family_checkpoint("roberta", "question-answering")
+    >>> folder = family_checkpoint("distilbert", "classification", labels=["neg", "pos"])
+    >>> folder = family_checkpoint("roberta", "classification", slow_tokenizer=True)
+
+Each model is random (seeded) with transformers' own config and model classes, hidden 32, 2
+layers; its tokenizer is trained here with the `tokenizers` library on real text from
+../shared/data (wikitext-2), in the family's own kind and template:
+
+    bert, electra, distilbert   WordPiece, cased, `[CLS] a [SEP] b [SEP]`, [PAD] = 0
+    roberta                     byte-level BPE, `<s> a </s></s> b </s>`, <pad> = 1
+    xlm-roberta, camembert      Unigram (SentencePiece's Metaspace), `<s> a </s></s> b </s>`, <pad> = 1
+    albert                      Unigram, lowercased, `[CLS] a [SEP] b [SEP]`, <pad> = 0
+
+`slow_tokenizer=True` saves the folder the old way, without tokenizer.json (RoBERTa:
+vocab.json + merges.txt; WordPiece families: vocab.txt). Nothing is downloaded. Folders are
+cached per argument set for the session; treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import SHARED_DATA
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert")
+TASK_CLASSES = {  # our task -> transformers class-name suffix
+    "classification": "ForSequenceClassification",
+    "token-classification": "ForTokenClassification",
+    "question-answering": "ForQuestionAnswering",
+    "embedding": "Model",
+}
+CLASS_PREFIX = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "camembert": "Camembert",
+    "distilbert": "DistilBert",
+    "electra": "Electra",
+    "albert": "Albert",
+}
+NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+VOCAB_SIZE = 1200
+MAX_POSITIONS = 128  # tokens per row; the RoBERTa family's table has 2 rows more
+
+_cache_root = Path(tempfile.mkdtemp(prefix="bert-heads-families-"))
+atexit.register(shutil.rmtree, _cache_root, True)
+
+
+def training_lines(n: int = 4000) -> list[str]:
+    """Real text: the first `n` non-empty, non-heading lines of wikitext-2 (raises when
+    ../shared/data is absent; tests ask for the `shared_data` fixture first)."""
+    path = SHARED_DATA / "corpus" / "wikitext-2" / "wiki.valid.tokens"
+    lines = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("="):
+                lines.append(line)
+                if len(lines) == n:
+                    break
+    # accents and emoji, so the byte-level and Unigram vocabularies have pieces for them
+    return lines + ["Café, naïve façade: São Paulo 🙂 Zürich — Ærø"] * 20
+
+
+def _tokenizer(kind: str) -> Any:
+    """A trained `tokenizers.Tokenizer` of the family kind (see the module docstring)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers.processors import RobertaProcessing, TemplateProcessing
+
+    lines = training_lines()
+    if kind == "wordpiece":
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
+    elif kind == "bpe":
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:  # unigram, "xlm" (<s> ... ) or "albert" ([CLS] ..., lowercased)
+        specials = (
+            ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+            if kind == "unigram-xlm"
+            else ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+        )
+        tok = Tokenizer(models.Unigram())
+        steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if kind == "unigram-albert" else [])
+        tok.normalizer = normalizers.Sequence(steps)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=VOCAB_SIZE, special_tokens=specials, unk_token=specials[specials.index("<unk>")]
+        )
+    tok.train_from_iterator(lines, trainer)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    if kind == "bpe":
+        tok.post_processor = RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
+    elif kind == "unigram-xlm":
+        tok.post_processor = TemplateProcessing(
+            single="<s> $A </s>",
+            pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])],
+        )
+    else:
+        tok.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        )
+    return tok
+
+
+TOKENIZER_KIND = {
+    "bert": "wordpiece",
+    "electra": "wordpiece",
+    "distilbert": "wordpiece",
+    "roberta": "bpe",
+    "xlm-roberta": "unigram-xlm",
+    "camembert": "unigram-xlm",
+    "albert": "unigram-albert",
+}
+
+
+def hf_tokenizer(family: str) -> Any:
+    """The family's transformers fast tokenizer class around a trained tokenizer."""
+    import transformers
+
+    tok = _tokenizer(TOKENIZER_KIND[family])
+    kind = TOKENIZER_KIND[family]
+    if kind == "wordpiece":
+        specials = dict(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                        cls_token="[CLS]", mask_token="[MASK]")  # fmt: skip
+    elif kind == "unigram-albert":
+        specials = dict(unk_token="<unk>", sep_token="[SEP]", pad_token="<pad>",
+                        cls_token="[CLS]", mask_token="[MASK]")  # fmt: skip
+    else:
+        specials = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", sep_token="</s>",
+                        pad_token="<pad>", cls_token="<s>", mask_token="<mask>")  # fmt: skip
+    cls = getattr(transformers, f"{CLASS_PREFIX[family]}TokenizerFast", None)
+    if cls is None or kind.startswith("unigram"):  # their slow-vocab converters need files
+        cls = transformers.PreTrainedTokenizerFast
+    extra = {"do_lower_case": False} if kind == "wordpiece" else {}
+    return cls(tokenizer_object=tok, model_max_length=MAX_POSITIONS, **specials, **extra)
+
+
+def family_checkpoint(
+    family: str,
+    task: str,
+    *,
+    labels: list[str] | None = None,
+    seed: int = 0,
+    slow_tokenizer: bool = False,
+    initializer_range: float = 0.2,
+    **config_changes: Any,
+) -> Path:
+    """A `save_pretrained` folder (model + tokenizer) of `family` with `task`'s head; cached."""
+    key = json.dumps(
+        [family, task, labels, seed, slow_tokenizer, initializer_range, config_changes],
+        sort_keys=True,
+        default=str,
+    )
+    folder = _cache_root / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if (folder / "config.json").is_file():
+        return folder
+    import torch
+    import transformers
+
+    if labels is None and task == "classification":
+        labels = ["negative", "positive"]
+    if labels is None and task == "token-classification":
+        labels = NER_LABELS
+    tokenizer = hf_tokenizer(family)
+    prefix = CLASS_PREFIX[family]
+    config_class = getattr(transformers, f"{prefix}Config")
+    shape: dict[str, Any] = (
+        dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=MAX_POSITIONS)
+        if family == "distilbert"
+        else dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=MAX_POSITIONS
+            + (2 if family in ("roberta", "xlm-roberta", "camembert") else 0),
+        )
+    )
+    if family in ("roberta", "xlm-roberta", "camembert"):
+        shape.update(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    if family in ("electra", "albert"):
+        shape.update(embedding_size=16)
+    if labels:
+        shape.update(id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    config = config_class(
+        vocab_size=len(tokenizer),
+        initializer_range=initializer_range,
+        **shape,
+        **config_changes,
+    )
+    model_class = getattr(transformers, prefix + TASK_CLASSES[task])
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_class(config).eval()
+    staging = Path(tempfile.mkdtemp(dir=_cache_root))
+    model.save_pretrained(staging)
+    if slow_tokenizer:
+        _save_slow(family, tokenizer, staging)
+    else:
+        tokenizer.save_pretrained(staging)
+    staging.rename(folder)
+    return folder
+
+
+def _save_slow(family: str, tokenizer: Any, folder: Path) -> None:
+    """The folder as an old `save_pretrained` of a slow tokenizer leaves it: no tokenizer.json."""
+    kind = TOKENIZER_KIND[family]
+    backend = tokenizer.backend_tokenizer
+    vocab = backend.get_vocab(with_added_tokens=True)
+    ordered = sorted(vocab, key=vocab.__getitem__)
+    if kind == "bpe":
+        (folder / "vocab.json").write_text(json.dumps(dict(zip(ordered, range(len(ordered))))))
+        merges = json.loads(backend.to_str())["model"]["merges"]
+        lines = [" ".join(m) if isinstance(m, list) else m for m in merges]
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(lines) + "\n")
+    elif kind == "wordpiece":
+        (folder / "vocab.txt").write_text("".join(t + "\n" for t in ordered))
+    else:
+        raise ValueError(f"no slow format written for {family} (SentencePiece model files)")
+    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special))
+    config = {"tokenizer_class": f"{CLASS_PREFIX[family]}Tokenizer", "model_max_length": MAX_POSITIONS}
+    if kind == "wordpiece":
+        config["do_lower_case"] = False
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | special))
