@@ -411,7 +411,7 @@ def _write_sentence_transformers(
     # ElectraModel and DistilBertModel have none to leave out, and refuse the argument.
     no_pooler = {"add_pooling_layer": False} if model.config.has_pooler else {}
     st_config = {
-        "max_seq_length": max_seq_length or model.config.max_position_embeddings,
+        "max_seq_length": max_seq_length or model.config.max_tokens,
         "do_lower_case": False,
         "model_args": no_pooler,
     }
@@ -460,6 +460,6 @@ def save_model(
     if task == "embedding":
         _write_sentence_transformers(model, directory, max_seq_length)  # type: ignore[arg-type]
     if tokenizer is not None:
-        window = max_seq_length or config.max_position_embeddings
+        window = max_seq_length or config.max_tokens
         save_tokenizer(tokenizer, directory, model_max_length=window)
     return directory

@@ -217,6 +217,11 @@ class BertConfig:
         return self.pad_token_id + 1 if self.model_type in ROBERTA_FAMILY else 0
 
     @property
+    def max_tokens(self) -> int:
+        """The longest row the position table holds (RoBERTa-base: 514 - 2 = 512)."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
     def has_pooler(self) -> bool:
         """ELECTRA and DistilBERT encoders have no pooler (no NSP pretraining to train one)."""
         return self.model_type not in ("electra", "distilbert")

@@ -201,10 +201,11 @@ def compare(
     """Max abs diff per output over all probes (and the worst row cosine for embeddings)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]  # the head's, in its order
+    inputs = graph_inputs(path)
     diffs = dict.fromkeys(names, 0.0)
     cosine = 1.0
     for batch, ref in zip(batches, refs, strict=True):
-        got = session.run(list(names), batch)
+        got = session.run(list(names), {n: batch[n] for n in inputs})
         for name, g, r in zip(names, got, ref, strict=True):
             diffs[name] = max(diffs[name], float(np.abs(g.astype(np.float32) - r).max()))
             if name == "embeddings":
@@ -217,6 +218,14 @@ def compare(
     return result
 
 
+def graph_inputs(path: Path) -> list[str]:
+    """The inputs the graph kept, in INPUT_NAMES order. The exporter drops an input the model
+    never reads: DistilBERT's graph has no token_type_ids. The service feeds a session only the
+    inputs it declares (service/runtime.py), so such a package needs nothing else."""
+    declared = {i.name for i in onnx.load(str(path), load_external_data=False).graph.input}
+    return [n for n in INPUT_NAMES if n in declared]
+
+
 def worst(parity: dict[str, Any]) -> float:
     return max(parity["max_abs_diff"].values())
 
@@ -227,7 +236,9 @@ def worst(parity: dict[str, Any]) -> float:
 def export_onnx(head: ExportHead, path: Path, max_seq_length: int, opset: int) -> None:
     """TorchScript export: one self-contained file (no external data below 2 GB)."""
     T = min(8, max_seq_length)
-    dummy = tuple(torch.ones(2, T, dtype=torch.long) for _ in INPUT_NAMES)
+    # token type 0: the RoBERTa family has one token type
+    dummy = tuple((torch.zeros if n == "token_type_ids" else torch.ones)(2, T, dtype=torch.long)
+                  for n in INPUT_NAMES)  # fmt: skip
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
     for name in head.output_names:
         axes[name] = (
@@ -305,7 +316,7 @@ def convert_fp16(src: Path, dst: Path) -> None:
 def default_max_seq_length(config: Any, checkpoint: Path | None) -> int:
     """min(max_position_embeddings, 512, the window the checkpoint was trained with if it
     says: training.finetune's best/, sentence-transformers' max_seq_length)."""
-    limit = min(config.max_position_embeddings, 512)
+    limit = min(config.max_tokens, 512)
     return min(limit, (read_max_seq_length(checkpoint) if checkpoint else None) or limit)
 
 
@@ -370,10 +381,19 @@ def export_package(
             f"model's vocab_size is {config.vocab_size}: wrong tokenizer for this checkpoint?"
         )
     max_seq_length = max_seq_length or default_max_seq_length(config, checkpoint)
-    if not 2 <= max_seq_length <= config.max_position_embeddings:
+    if not 2 <= max_seq_length <= config.max_tokens:
         raise ExportError(
-            f"max_seq_length {max_seq_length} is outside 2..{config.max_position_embeddings} "
-            "(the model's max_position_embeddings)"
+            f"max_seq_length {max_seq_length} is outside 2..{config.max_tokens} (the model's "
+            f"max_position_embeddings {config.max_position_embeddings}"
+            + (f" less its position offset {config.position_offset})" if config.position_offset else ")")
+        )
+    layout = template(prepare_tokenizer(Tokenizer.from_str(tok.to_str())))
+    if config.position_offset and layout.pad_id != config.pad_token_id:
+        # The RoBERTa family counts position ids over the tokens that are not padding, so the
+        # service must pad with exactly the model's pad_token_id.
+        raise ExportError(
+            f"the tokenizer pads with id {layout.pad_id} but the model's pad_token_id is "
+            f"{config.pad_token_id}: wrong tokenizer for this checkpoint?"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
     head = ExportHead(model, task, pooling or "mean", hidden_states)
@@ -400,7 +420,8 @@ def export_package(
             "max_seq_length": max_seq_length,
             "do_lower_case": do_lower_case(tok),
             "inputs": [
-                {"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUT_NAMES
+                {"name": n, "dtype": "int64", "shape": ["batch", "sequence"]}
+                for n in graph_inputs(staging / FILES["fp32"])
             ],
             "outputs": output_specs(task, model, hidden_states),
             "variants": {v: FILES[v] for v in variants},
