@@ -101,12 +101,16 @@ def _tokenizer(kind: str) -> Any:
             else ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
         )
         tok = Tokenizer(models.Unigram())
-        steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if kind == "unigram-albert" else [])
+        steps = [normalizers.NFKC()] + (
+            [normalizers.Lowercase()] if kind == "unigram-albert" else []
+        )
         tok.normalizer = normalizers.Sequence(steps)
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(
-            vocab_size=VOCAB_SIZE, special_tokens=specials, unk_token=specials[specials.index("<unk>")]
+            vocab_size=VOCAB_SIZE,
+            special_tokens=specials,
+            unk_token=specials[specials.index("<unk>")],
         )
     tok.train_from_iterator(lines, trainer)
     ids = {t: tok.token_to_id(t) for t in specials}
@@ -206,7 +210,9 @@ def family_checkpoint(
     if family in ("electra", "albert"):
         shape.update(embedding_size=16)
     if labels:
-        shape.update(id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+        shape.update(
+            id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)}
+        )
     config = config_class(
         vocab_size=len(tokenizer),
         initializer_range=initializer_range,
@@ -234,7 +240,7 @@ def _save_slow(family: str, tokenizer: Any, folder: Path) -> None:
     vocab = backend.get_vocab(with_added_tokens=True)
     ordered = sorted(vocab, key=vocab.__getitem__)
     if kind == "bpe":
-        (folder / "vocab.json").write_text(json.dumps(dict(zip(ordered, range(len(ordered))))))
+        (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(ordered)}))
         merges = json.loads(backend.to_str())["model"]["merges"]
         lines = [" ".join(m) if isinstance(m, list) else m for m in merges]
         (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(lines) + "\n")
@@ -244,7 +250,10 @@ def _save_slow(family: str, tokenizer: Any, folder: Path) -> None:
         raise ValueError(f"no slow format written for {family} (SentencePiece model files)")
     special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
     (folder / "special_tokens_map.json").write_text(json.dumps(special))
-    config = {"tokenizer_class": f"{CLASS_PREFIX[family]}Tokenizer", "model_max_length": MAX_POSITIONS}
+    config = {
+        "tokenizer_class": f"{CLASS_PREFIX[family]}Tokenizer",
+        "model_max_length": MAX_POSITIONS,
+    }
     if kind == "wordpiece":
         config["do_lower_case"] = False
     (folder / "tokenizer_config.json").write_text(json.dumps(config | special))

@@ -385,7 +385,11 @@ def export_package(
         raise ExportError(
             f"max_seq_length {max_seq_length} is outside 2..{config.max_tokens} (the model's "
             f"max_position_embeddings {config.max_position_embeddings}"
-            + (f" less its position offset {config.position_offset})" if config.position_offset else ")")
+            + (
+                f" less its position offset {config.position_offset})"
+                if config.position_offset
+                else ")"
+            )
         )
     layout = template(prepare_tokenizer(Tokenizer.from_str(tok.to_str())))
     if config.position_offset and layout.pad_id != config.pad_token_id:

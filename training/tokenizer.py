@@ -1,4 +1,5 @@
-"""WordPiece tokenization through the `tokenizers` library: train, load, save, encode.
+"""Tokenization through the `tokenizers` library: train (WordPiece), load (any fast
+tokenizer.json, vocab.txt, RoBERTa's vocab.json + merges.txt), save, encode.
 
 The service reads the `tokenizer.json` this module saves, so what training sees is what the
 service sees. There is no second wrapper: everything here returns a plain
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders
-from tokenizers.models import WordPiece
+from tokenizers import AddedToken, Tokenizer, decoders
+from tokenizers.models import BPE, WordPiece
 from tokenizers.normalizers import BertNormalizer
-from tokenizers.pre_tokenizers import BertPreTokenizer
-from tokenizers.processors import TemplateProcessing
+from tokenizers.pre_tokenizers import BertPreTokenizer, ByteLevel
+from tokenizers.processors import RobertaProcessing, TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -132,7 +133,8 @@ def _from_vocab_txt(path: Path, lowercase: bool | None) -> Tokenizer:
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer:
-    """A tokenizer.json, a vocab.txt, or a folder holding either (tokenizer.json preferred).
+    """A tokenizer.json, a vocab.txt, or a folder holding one of them or RoBERTa's slow
+    vocab.json + merges.txt (tokenizer.json preferred).
 
     For a vocab.txt, lower-casing comes from `lowercase`, else the folder's
     tokenizer_config.json `do_lower_case`, else from the vocabulary itself (uncased vocab ->
@@ -140,14 +142,27 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
     off on the result (all-MiniLM-L6-v2's tokenizer.json pads everything to 128)."""
     path = Path(path)
     if path.is_dir():
-        candidates = [path / "tokenizer.json", path / "vocab.txt"]
+        candidates = [path / "tokenizer.json", path / "vocab.txt", path / "merges.txt"]
         found = [p for p in candidates if p.is_file()]
         if not found:
-            raise TokenizerError(f"{path}: no tokenizer.json or vocab.txt")
+            sentencepiece = [p.name for p in path.glob("*.model")]
+            raise TokenizerError(
+                f"{path}: no tokenizer.json, vocab.txt or vocab.json + merges.txt"
+                + (
+                    f"; {', '.join(sentencepiece)} is a SentencePiece model, which is read "
+                    "through its fast tokenizer.json: save one on a machine with transformers "
+                    "and sentencepiece (AutoTokenizer.from_pretrained(folder)"
+                    ".save_pretrained(folder))"
+                    if sentencepiece
+                    else ""
+                )
+            )
         path = found[0]
     if not path.is_file():
         raise TokenizerError(f"{path}: no such file")
-    if path.suffix == ".json":
+    if path.name == "merges.txt":
+        tok = _from_bpe_files(path.parent)
+    elif path.suffix == ".json":
         try:
             tok = Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception
@@ -156,6 +171,57 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
         tok = _from_vocab_txt(path, lowercase)
     tok.no_padding()
     tok.no_truncation()
+    return tok
+
+
+def _special_tokens(folder: Path) -> dict[str, str]:
+    """A slow tokenizer's special tokens: special_tokens_map.json over tokenizer_config.json
+    (a value is a string or an AddedToken dict with "content")."""
+    found: dict[str, str] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            for key, value in json.loads((folder / name).read_text()).items():
+                if key.endswith("_token") and value is not None:
+                    found[key] = value["content"] if isinstance(value, dict) else value
+    return found
+
+
+def _from_bpe_files(folder: Path) -> Tokenizer:
+    """RoBERTa's slow format, vocab.json + merges.txt, built into the fast tokenizer
+    transformers converts it to: byte-level BPE, `<s> A </s></s> B </s>`, offsets trimmed of
+    the spaces the byte-level pieces carry (so a word's offsets cover the word alone)."""
+    vocab_path = folder / "vocab.json"
+    if not vocab_path.is_file():
+        raise TokenizerError(f"{folder}: merges.txt without vocab.json")
+    try:
+        model = BPE.from_file(str(vocab_path), str(folder / "merges.txt"))
+    except Exception as e:  # the Rust side raises plain Exception
+        raise TokenizerError(f"{folder}: vocab.json / merges.txt do not load ({e})") from None
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    prefix_space = bool(config.get("add_prefix_space", False))
+    trim = bool(config.get("trim_offsets", True))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+               "sep_token": "</s>", "cls_token": "<s>", "pad_token": "<pad>",
+               "mask_token": "<mask>"} | _special_tokens(folder)  # fmt: skip
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=prefix_space)
+    tok.decoder = decoders.ByteLevel()
+    # <mask> takes the space before it, as transformers' RobertaTokenizer declares it
+    tok.add_special_tokens(
+        [AddedToken(t, lstrip=key == "mask_token") for key, t in special.items()]
+    )
+    ids = {key: tok.token_to_id(special[key]) for key in ("cls_token", "sep_token")}
+    if None in ids.values():
+        raise TokenizerError(
+            f"{folder}: vocab.json has no {special['cls_token']} / {special['sep_token']}"
+        )
+    tok.post_processor = RobertaProcessing(
+        (special["sep_token"], ids["sep_token"]),
+        (special["cls_token"], ids["cls_token"]),
+        trim_offsets=trim,
+        add_prefix_space=prefix_space,
+    )
     return tok
 
 
