@@ -33,8 +33,9 @@ HF_PROBLEM_TYPES: dict[str, str] = {
     "regression": "regression",
 }
 
-# How a sequence becomes one vector: the embedding head's pooling and the classifier's.
-POOLINGS = ("mean", "cls")
+# How a sequence becomes one vector: the embedding head's pooling and the classifier's, in
+# sentence-transformers' Pooling mode names (training.model.pool computes each).
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens")
 POOLED_TASKS = ("embedding", "classification")  # the heads a pooling choice applies to
 
 VARIANTS = ("fp32", "int8", "fp16")

@@ -49,7 +49,7 @@ class ModelPackage:
     task: str
     labels: list[str] | None  # id -> label (classification, token-classification)
     problem_type: str | None  # single_label | multi_label | regression (classification)
-    pooling: str | None  # mean | cls (embedding; applied inside the graph)
+    pooling: str | None  # one of POOLINGS (embedding; applied inside the graph)
     normalize: bool  # embedding: L2-normalise by default (the service does it, not the graph)
     max_seq_length: int
     do_lower_case: bool
@@ -60,6 +60,10 @@ class ModelPackage:
     sha256: dict[str, str]  # every file but package.json
     parity: dict[str, Any]  # per variant: max abs diff vs PyTorch on the export probes
     source: dict[str, Any]  # checkpoint, arguments, metrics, export time, versions, fusion
+    # embedding: a sentence-transformers folder's prompts (name -> text put before each input,
+    # /embed `prompt_name`) and the one used when a request names none; older packages: none
+    prompts: dict[str, str]
+    default_prompt_name: str | None
 
     def variant_path(self, variant: str) -> Path:
         if variant not in self.variants:
@@ -113,6 +117,11 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
             )
     if m["task"] == "embedding" and m.get("pooling") not in POOLINGS:
         raise bad(f"pooling {m.get('pooling')!r} is not one of {', '.join(POOLINGS)}")
+    prompts, default_prompt = m.get("prompts") or {}, m.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise bad("prompts must map names to texts")
+    if default_prompt is not None and default_prompt not in prompts:
+        raise bad(f"default_prompt_name {default_prompt!r} is not one of the prompts")
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
 
@@ -158,6 +167,8 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         sha256=dict(sha256),
         parity=m.get("parity", {}),
         source=m.get("source", {}),
+        prompts=dict(prompts),
+        default_prompt_name=default_prompt,
     )
 
 

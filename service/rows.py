@@ -17,6 +17,7 @@ do that once, at load time; `template` refuses a tokenizer that still pads or tr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,9 +157,7 @@ def _probe_parts(tokenizer: Tokenizer, a: Encoding, b: Encoding | None) -> _Part
 
 
 def _read_template(tokenizer: Tokenizer) -> Template:
-    pad_id = next(
-        (i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0
-    )
+    pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0)
     if tokenizer.post_processor is None:
         # A bare tokenizer.json (no template): BERT's layout by its token names, as before
         # tokenizer.json carried one.
@@ -217,7 +216,10 @@ class Tokens:
 
     ids (T,) int64; offsets (T, 2) int64 character offsets into the text; words (T,) int64
     index of the pre-tokenizer word each token comes from; subword (T,) bool: the token
-    continues the previous token's word (WordPiece's `##` prefix; [UNK] never does).
+    continues the previous word, by the transformers token-classification pipeline's rules:
+    WordPiece's `##` prefix; for tokenizers without such a prefix (byte-level BPE, Unigram)
+    the token does not start the text and touches no space on its left or first character.
+    The unknown token never continues a word.
     """
 
     ids: np.ndarray
@@ -231,11 +233,13 @@ class Tokens:
 
 def encode(tokenizer: Tokenizer, text: str) -> Tokens:
     """Encode one text without special tokens, keeping offsets, words and subword flags."""
-    return tokens(tokenizer, tokenizer.encode(text, add_special_tokens=False))
+    return tokens(tokenizer, tokenizer.encode(text, add_special_tokens=False), text)
 
 
-def tokens(tokenizer: Tokenizer, enc: Encoding) -> Tokens:
-    """One encoding (made without special tokens, alone or by `encode_batch`) -> Tokens."""
+def tokens(tokenizer: Tokenizer, enc: Encoding, text: str | None = None) -> Tokens:
+    """One encoding of `text` (made without special tokens, alone or by `encode_batch`) ->
+    Tokens. Without `text`, a tokenizer with no subword prefix gets no subword flags (QA reads
+    none)."""
     n = len(enc.ids)
     ids = np.asarray(enc.ids, dtype=np.int64)
     word_ids = enc.word_ids
@@ -243,38 +247,57 @@ def tokens(tokenizer: Tokenizer, enc: Encoding) -> Tokens:
         words = np.asarray(word_ids, dtype=np.int64)
     except TypeError:
         words = np.asarray([-1 if w is None else w for w in word_ids], dtype=np.int64)
-    return Tokens(
-        ids=ids,
-        offsets=np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2),
-        words=words,
-        subword=_subword_table(tokenizer)[ids],
-    )
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
+    table, unk = _subword_table(tokenizer)
+    if table is not None:
+        subword = table[ids]
+    elif text is not None and n:
+        subword = _no_space_before(offsets[:, 0], text) & (ids != unk)
+    else:
+        subword = np.zeros(n, dtype=bool)
+    return Tokens(ids=ids, offsets=offsets, words=words, subword=subword)
 
 
-# tokenizer id -> (tokenizer, (V,) bool: token id is a continuing subword). The tokenizer is
+def _no_space_before(starts: np.ndarray, text: str) -> np.ndarray:
+    """(T,) bool: start > 0 and no " " in text[start - 1 : start + 1], the pipeline's rule for
+    tokenizers that do not mark subwords (a literal space only: a tab does not count)."""
+    space = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 32
+    space = np.append(space, False)  # a start at len(text) (an empty token) reads False
+    before = np.where(starts > 0, space[np.maximum(starts - 1, 0)], True)
+    return (starts > 0) & ~before & ~space[starts]
+
+
+# tokenizer id -> (tokenizer, (V,) bool table or None, unknown token id). The tokenizer is
 # held so its id cannot be reused; a process has a handful of them.
-_SUBWORD: dict[int, tuple[Tokenizer, np.ndarray]] = {}
+_SUBWORD: dict[int, tuple[Tokenizer, np.ndarray | None, int]] = {}
 
 
-def _subword_table(tokenizer: Tokenizer) -> np.ndarray:
-    """(V,) bool over token ids: the token continues the previous token's word (it starts
-    with the model's continuing-subword prefix, `##` by default, and is not the unknown
-    token). Looked up by id: testing each token's string in Python made `tokens()` cost 83-91
-    us per SQuAD context (160 tokens on average) against 44-52 us with this table (busy
-    2-core EPYC, benchmarks/README.md "Issue 18, final")."""
+def _subword_table(tokenizer: Tokenizer) -> tuple[np.ndarray | None, int]:
+    """((V,) bool over token ids: the token starts with the model's continuing-subword prefix
+    (WordPiece's `##`) and is not the unknown token; None when the model has no such prefix,
+    as byte-level BPE and Unigram have none), the unknown token's id (-1 if none). Looked up by
+    id: testing each token's string in Python made `tokens()` cost 83-91 us per SQuAD context
+    (160 tokens on average) against 44-52 us with this table (busy 2-core EPYC,
+    benchmarks/README.md "Issue 18, final")."""
     cached = _SUBWORD.get(id(tokenizer))
     if cached is not None and cached[0] is tokenizer:
-        return cached[1]
-    prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or "##"
-    unk = getattr(tokenizer.model, "unk_token", None)
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    table = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
-    for token, i in vocab.items():
-        table[i] = token.startswith(prefix) and token != unk
+        return cached[1], cached[2]
+    prefix = getattr(tokenizer.model, "continuing_subword_prefix", None)
+    unk_token = getattr(tokenizer.model, "unk_token", None)
+    unk = tokenizer.token_to_id(unk_token) if isinstance(unk_token, str) else None
+    if unk is None:  # Unigram names its unknown token by id, in its JSON only
+        unk = json.loads(tokenizer.model.__getstate__()).get("unk_id")
+    table = None
+    if prefix:
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        table = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
+        for token, i in vocab.items():
+            table[i] = token.startswith(prefix) and token != unk_token
     if len(_SUBWORD) >= 16:
         _SUBWORD.pop(next(iter(_SUBWORD)))
-    _SUBWORD[id(tokenizer)] = (tokenizer, table)
-    return table
+    found = (tokenizer, table, -1 if unk is None else unk)
+    _SUBWORD[id(tokenizer)] = found
+    return table, found[2]
 
 
 def row(

@@ -25,9 +25,12 @@ pretraining heads (`cls.*`) with a one-line note. Anything else missing, unexpec
 wrong shape is a `CheckpointError` naming the file.
 
 Embedding models are saved as sentence-transformers folders (BertModel weights without prefix,
-modules.json, 1_Pooling/config.json, Normalize), which load in `SentenceTransformer(path)` and
-in transformers' `BertModel.from_pretrained(path, add_pooling_layer=False)`: they have no
-pooler, and a plain `AutoModel.from_pretrained(path)` would add a random one (with a warning).
+modules.json, 1_Pooling/config.json, any Dense modules, Normalize), which load in
+`SentenceTransformer(path)` and in transformers' `BertModel.from_pretrained(path,
+add_pooling_layer=False)`: they have no pooler, and a plain `AutoModel.from_pretrained(path)`
+would add a random one (with a warning). Any BERT-family sentence-transformers folder loads
+here when its modules are Transformer -> Pooling (cls, mean, max, mean_sqrt_len_tokens) ->
+Dense... -> Normalize (`read_sentence_transformers`); others are refused by name.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import hashlib
 import json
 import logging
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +49,10 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
+from service.contract import POOLINGS
 from training import layouts
 from training.config import BertConfig, ConfigError
-from training.model import HEADS, BertForEmbedding
+from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,43 +102,128 @@ def _model_dir(path: str | Path) -> Path:
     return directory
 
 
-def read_pooling(path: str | Path) -> tuple[str, bool] | None:
-    """(pooling, normalize) from a sentence-transformers folder: modules.json and the Pooling
-    module's config.json. ("mean" | "cls", True if a Normalize module follows). None when the
-    folder has no modules.json. Modules we cannot reproduce (Dense, max pooling...) raise."""
+# Which sentence-transformers modules we reproduce, in the one order we serve: the Transformer
+# (the encoder), Pooling and Dense modules inside the exported graph, then Normalize, which the
+# service applies per request (/embed `normalize`), so it must come last.
+ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+ST_ORDER = "Transformer -> Pooling -> Dense... -> Normalize"
+ST_CONFIG = "config_sentence_transformers.json"
+# sentence-transformers < 5 writes one boolean per Pooling mode (none on: mean); 5 writes
+# pooling_mode.
+LEGACY_POOLING_KEYS = {
+    "cls": "pooling_mode_cls_token",
+    "max": "pooling_mode_max_tokens",
+    "mean": "pooling_mode_mean_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+TANH = "torch.nn.modules.activation.Tanh"  # a Dense module's default activation_function
+
+
+@dataclass(frozen=True)
+class SentenceTransformersFolder:
+    """What a sentence-transformers folder computes after its Transformer module (modules.json)
+    and the prompts it is asked with (config_sentence_transformers.json)."""
+
+    pooling: str  # one of POOLINGS
+    include_prompt: bool  # False: prompt tokens are left out of the pooling
+    dense: list[dict[str, Any]]  # per Dense module, in order: path, Dense's arguments
+    normalize: bool
+    prompts: dict[str, str]  # name -> text put before each input
+    default_prompt_name: str | None
+
+
+def read_sentence_transformers(path: str | Path) -> SentenceTransformersFolder | None:
+    """The folder's sentence-transformers modules; None when it has no modules.json. A module
+    we do not reproduce, or one out of ST_ORDER, is a CheckpointError naming it."""
     directory = Path(path)
     modules_path = directory / "modules.json"
     if not modules_path.is_file():
         return None
-    pooling, normalize = None, False
-    for module in json.loads(modules_path.read_text()):
-        kind = module["type"].rsplit(".", 1)[-1]
-        if kind == "Pooling":
-            config_path = directory / module["path"] / "config.json"
-            config = json.loads(config_path.read_text())
-            # sentence-transformers < 5 writes one boolean per mode; 5 writes pooling_mode.
-            mode = config.get("pooling_mode") or [
-                k.removeprefix("pooling_mode_")
-                for k, on in config.items()
-                if k.startswith("pooling_mode_") and on
-            ]
-            mode = (
-                [mode]
-                if isinstance(mode, str)
-                else [m.removesuffix("_tokens").removesuffix("_token") for m in mode]
+    modules = json.loads(modules_path.read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    for module, kind in zip(modules, kinds, strict=True):
+        if not module["type"].startswith("sentence_transformers.") or kind not in ST_MODULES:
+            raise CheckpointError(
+                f"{modules_path}: module {module['type']} is not supported ({ST_ORDER})"
             )
-            if len(mode) != 1 or mode[0] not in ("mean", "cls"):
-                raise CheckpointError(
-                    f"{config_path}: pooling {mode} is not supported (mean or cls)"
-                )
-            pooling = mode[0]
-        elif kind == "Normalize":
-            normalize = True
-        elif kind != "Transformer":
-            raise CheckpointError(f"{modules_path}: module {module['type']} is not supported")
-    if pooling is None:
-        raise CheckpointError(f"{modules_path}: no Pooling module")
-    return pooling, normalize
+    between = kinds[2:-1] if kinds[-1:] == ["Normalize"] else kinds[2:]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Dense" for k in between):
+        raise CheckpointError(
+            f"{modules_path}: modules {' -> '.join(kinds)} are not in the order served ({ST_ORDER})"
+        )
+    pooling, include_prompt = _read_st_pooling(directory / modules[1]["path"] / "config.json")
+    dense = [_read_st_dense(directory / m["path"]) for m in modules[2 : 2 + len(between)]]
+    prompts, default = _read_st_prompts(directory / ST_CONFIG)
+    return SentenceTransformersFolder(
+        pooling, include_prompt, dense, kinds[-1:] == ["Normalize"], prompts, default
+    )
+
+
+def read_pooling(path: str | Path) -> tuple[str, bool] | None:
+    """(pooling, normalize) of a sentence-transformers folder; None without modules.json."""
+    st = read_sentence_transformers(path)
+    return (st.pooling, st.normalize) if st else None
+
+
+def _read_st_pooling(config_path: Path) -> tuple[str, bool]:
+    config = json.loads(config_path.read_text())
+    mode = (
+        config.get("pooling_mode")
+        or [m for m, key in LEGACY_POOLING_KEYS.items() if config.get(key)]
+        or ["mean"]
+    )
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    if len(modes) != 1 or modes[0] not in POOLINGS:
+        raise CheckpointError(
+            f"{config_path}: pooling {' + '.join(modes)} is not supported (one of "
+            f"{', '.join(POOLINGS)})"
+        )
+    return modes[0], bool(config.get("include_prompt", True))
+
+
+def _read_st_dense(directory: Path) -> dict[str, Any]:
+    """A Dense module's arguments (its config.json) and its folder, which holds the weights."""
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    activation = config.get("activation_function") or TANH
+    if activation not in DENSE_ACTIVATIONS:
+        raise CheckpointError(
+            f"{config_path}: activation_function {activation} is not supported (one of "
+            f"{', '.join(DENSE_ACTIVATIONS)})"
+        )
+    ends = (config.get("module_input_name"), config.get("module_output_name"))
+    if any(name not in (None, "sentence_embedding") for name in ends):
+        raise CheckpointError(
+            f"{config_path}: a Dense module on {ends} is not supported (on the sentence "
+            "embedding only)"
+        )
+    return {
+        "path": directory,
+        "in_features": int(config["in_features"]),
+        "out_features": int(config["out_features"]),
+        "bias": bool(config.get("bias", True)),
+        "activation": activation,
+    }
+
+
+def _read_st_prompts(config_path: Path) -> tuple[dict[str, str], str | None]:
+    """config_sentence_transformers.json's prompts and default_prompt_name ("" is none)."""
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(v, str | None) for v in prompts.values()
+    ):
+        raise CheckpointError(f"{config_path}: prompts must map names to texts")
+    prompts = {str(k): v or "" for k, v in prompts.items()}
+    default = config.get("default_prompt_name") or None
+    if default is not None and default not in prompts:
+        raise CheckpointError(
+            f"{config_path}: default_prompt_name {default!r} is not one of the prompts "
+            f"({', '.join(prompts) or 'none'})"
+        )
+    return prompts, default
 
 
 def read_max_seq_length(path: str | Path) -> int | None:
@@ -342,11 +432,12 @@ def load_model(
         config = config.replace(id2label={i: f"LABEL_{i}" for i in range(n)})
     if problem_type is not None:
         config = config.replace(problem_type=problem_type)
-    if task == "embedding":
-        pooling = read_pooling(path)
-        if pooling:
-            head_args.setdefault("pooling", pooling[0])
-            head_args.setdefault("normalize", pooling[1])
+    st = read_sentence_transformers(path) if task == "embedding" else None
+    dense_state: dict[str, Tensor] = {}
+    if st:
+        head_args.setdefault("pooling", st.pooling)
+        head_args.setdefault("normalize", st.normalize)
+        head_args["dense"], dense_state = _st_dense(st, config.hidden_size)
     if task == "pretraining" and config.model_type not in ("bert", "albert"):
         raise CheckpointError(
             f"{directory}: {config.model_type} has no pretraining head here (bert and albert "
@@ -360,9 +451,34 @@ def load_model(
     # load unnoticed into, say, RoBERTa's position scheme. They belong to another model.
     foreign = [k for k in state if layout.prefix != "bert." and k.startswith("bert.")]
     state = {layout.from_hf(k): v for k, v in state.items() if k not in foreign}
-    state = _match(model, _our_names(state), file, task, layout, foreign)
+    state = _match(model, _our_names(state) | dense_state, file, task, layout, foreign)
     model.load_state_dict(state, strict=False)  # _match has accounted for every key
     return model.eval()
+
+
+def _st_dense(st: SentenceTransformersFolder, width: int) -> tuple[list[Dense], dict[str, Tensor]]:
+    """The folder's Dense modules, and their weights under our names (dense.<i>.linear.*),
+    each file checked against its module's config.json. width: the pooled vector's."""
+    modules, state = [], {}
+    for i, args in enumerate(st.dense):
+        config_path = args["path"] / "config.json"
+        if args["in_features"] != width:
+            raise CheckpointError(
+                f"{config_path}: in_features {args['in_features']}, but the vector before it "
+                f"has {width}"
+            )
+        module = Dense(args["in_features"], args["out_features"], args["bias"], args["activation"])
+        weights = load_state_dict_file(args["path"])
+        want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+        have = {k: tuple(v.shape) for k, v in weights.items()}
+        if have != want:
+            raise CheckpointError(
+                f"{weights_file(args['path'])}: weights {have}, but {config_path} makes {want}"
+            )
+        modules.append(module)
+        state |= {f"dense.{i}.{k}": v for k, v in weights.items()}
+        width = args["out_features"]
+    return modules, state
 
 
 def _task_of(model: nn.Module) -> str:
@@ -377,35 +493,42 @@ def _task_of(model: nn.Module) -> str:
 def _write_sentence_transformers(
     model: BertForEmbedding, directory: Path, max_seq_length: int | None
 ) -> None:
+    """modules.json and each module's folder after the Transformer (whose weights are the
+    folder's own): Pooling, the Dense modules (config.json + model.safetensors), Normalize."""
+    kinds = ["Pooling"] + ["Dense"] * len(model.dense) + ["Normalize"] * model.normalize
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
     ]
-    if model.normalize:
+    for idx, kind in enumerate(kinds, 1):
         modules.append(
             {
-                "idx": 2,
-                "name": "2",
-                "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize",
+                "idx": idx,
+                "name": str(idx),
+                "path": f"{idx}_{kind}",
+                "type": f"sentence_transformers.models.{kind}",
             }
         )
     (directory / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
     # The per-mode booleans that every sentence-transformers version reads.
     pooling = {
         "word_embedding_dimension": model.config.hidden_size,
-        "pooling_mode_cls_token": model.pooling == "cls",
-        "pooling_mode_mean_tokens": model.pooling == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
+        **{LEGACY_POOLING_KEYS[mode]: model.pooling == mode for mode in POOLINGS},
     }
     (directory / "1_Pooling").mkdir(exist_ok=True)
     (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
+    for idx, dense in enumerate(model.dense, 2):
+        folder = directory / f"{idx}_Dense"
+        folder.mkdir(exist_ok=True)
+        linear = dense.linear
+        config = {
+            "in_features": linear.in_features,
+            "out_features": linear.out_features,
+            "bias": linear.bias is not None,
+            "activation_function": dense.activation,
+        }
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        weights = {k: v.detach().cpu().contiguous() for k, v in dense.state_dict().items()}
+        save_file(weights, folder / SAFETENSORS, metadata={"format": "pt"})
     # model_args reach BertModel.from_pretrained: our embedding models have no pooler, so
     # without this sentence-transformers would build a random one and warn about it.
     # ElectraModel and DistilBertModel have none to leave out, and refuse the argument.
@@ -449,7 +572,12 @@ def save_model(
 
     # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
     # transformers re-ties it on load, so (like transformers) it is not written.
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k != TIED}
+    # Dense modules (embedding) are sentence-transformers modules with folders of their own.
+    state = {
+        k: v.detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+        if k != TIED and not (task == "embedding" and k.startswith("dense."))
+    }
     layout = layouts.LAYOUTS[config.model_type]
     state = {layout.to_hf(k): v for k, v in state.items()}
     if task == "embedding":  # a bare BertModel / RobertaModel..., as sentence-transformers has it

@@ -64,7 +64,12 @@ from service.contract import (
 )
 from service.package import ModelPackage, write_package
 from service.rows import pad, prepare_tokenizer, row, template
-from training.checkpoint import CheckpointError, load_model, read_max_seq_length
+from training.checkpoint import (
+    CheckpointError,
+    load_model,
+    read_max_seq_length,
+    read_sentence_transformers,
+)
 from training.cli import option, parse
 from training.model import BertSelfAttention, pool, set_attention_implementation
 from training.tokenizer import TokenizerError, do_lower_case, load_tokenizer
@@ -98,8 +103,9 @@ class ExportError(Exception):
 class ExportHead(nn.Module):
     """The graph the service runs: (input_ids, attention_mask, token_type_ids), each (B, T)
     int64, -> the task's outputs as a tuple, in `output_names` order. Embeddings are pooled
-    here but not normalised: the service normalises per request. `hidden_states` (embedding
-    only) adds HIDDEN_STATE_OUTPUTS."""
+    and put through the model's Dense modules here, but not normalised: the service normalises
+    per request. `hidden_states` (embedding only) adds HIDDEN_STATE_OUTPUTS, the encoder's own
+    states (no Dense)."""
 
     def __init__(
         self, model: nn.Module, task: str, pooling: str = "mean", hidden_states: bool = False
@@ -115,9 +121,9 @@ class ExportHead(nn.Module):
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor
     ) -> tuple[Tensor, ...]:
         if self.task == "embedding":
-            bert = getattr(self.model, "bert", self.model)
-            out = bert(input_ids, attention_mask, token_type_ids)
-            pooled = pool(out.last_hidden_state, attention_mask, self.pooling)  # (B, H)
+            out = self.model.bert(input_ids, attention_mask, token_type_ids)
+            # (B, D): pooled, then the Dense modules
+            pooled = self.model.sentence(out.last_hidden_state, attention_mask, self.pooling)
             if not self.hidden_states:
                 return (pooled,)
             per_layer = [
@@ -340,6 +346,21 @@ def task_metadata(
     return labels, problem_type, pooling, bool(normalize)
 
 
+def prompt_metadata(checkpoint: Path | None, task: str) -> dict[str, Any]:
+    """prompts and default_prompt_name for package.json (none: nothing): a sentence-transformers
+    folder's, which /embed `prompt_name` picks from. A Pooling module that leaves the prompt's
+    tokens out (include_prompt false) is refused: the graph pools every token it is given."""
+    st = read_sentence_transformers(checkpoint) if checkpoint and task == "embedding" else None
+    if st is None or not st.prompts:
+        return {}
+    if not st.include_prompt and any(st.prompts.values()):
+        raise ExportError(
+            f"{checkpoint}: its Pooling module has include_prompt false (prompt tokens left out "
+            "of the pooling), which is not supported"
+        )
+    return {"prompts": st.prompts, "default_prompt_name": st.default_prompt_name}
+
+
 def export_package(
     model_or_checkpoint: nn.Module | str | Path,
     task: str,
@@ -400,6 +421,7 @@ def export_package(
             f"{config.pad_token_id}: wrong tokenizer for this checkpoint?"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
+    prompts = prompt_metadata(checkpoint, task)
     head = ExportHead(model, task, pooling or "mean", hidden_states)
 
     staging = out_dir.parent / f".{out_dir.name}.partial"
@@ -421,6 +443,7 @@ def export_package(
             "problem_type": problem_type,
             "pooling": pooling,
             "normalize": normalize,
+            **prompts,
             "max_seq_length": max_seq_length,
             "do_lower_case": do_lower_case(tok),
             "inputs": [
@@ -587,7 +610,7 @@ def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dic
             for n in OUTPUT_NAMES[task]
         ]
     hidden = model.config.hidden_size
-    specs = [{"name": "embeddings", "dtype": "float32", "shape": ["batch", hidden]}]
+    specs = [{"name": "embeddings", "dtype": "float32", "shape": ["batch", model.dimension]}]
     if hidden_states:  # states: the embeddings output, then every layer's (L + 1 in all)
         states = model.config.num_hidden_layers + 1
         specs += [
@@ -622,7 +645,7 @@ class ExportArgs:
     name: str | None = option(None, "model name the API uses (default: --out's name)")
     max_seq_length: int | None = option(None, "tokens per window (default: the checkpoint's)")
     variants: str = option("fp32", "comma list of fp32, int8 (CPU), fp16 (GPU)")
-    pooling: str | None = option(None, "embedding: cls or mean (default: the checkpoint's)", choices=POOLINGS)  # fmt: skip
+    pooling: str | None = option(None, "embedding: how tokens are pooled (default: the checkpoint's)", choices=POOLINGS)  # fmt: skip
     no_normalize: bool = option(False, "embedding: do not L2-normalise by default")
     hidden_states: bool = option(False, "embedding: also every layer's pooled states")
     opset: int = option(18, "ONNX opset, 18 or later")

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from service.contract import POOLINGS
 from training.config import FEATURES, BertConfig
 
 ACT = {
@@ -444,9 +445,9 @@ CLASSIFIER_HEADS = {
 
 
 class BertForSequenceClassification(BertPreTrainedHead):
-    """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", the mean of
-    the real tokens' last hidden states) -> dropout -> linear; other families put their own
-    head (CLASSIFIER_HEADS) on the first token (or the mean). Loss by problem_type:
+    """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", "max"...,
+    the real tokens' last hidden states pooled that way) -> dropout -> linear; other families
+    put their own head (CLASSIFIER_HEADS) on the first token (or the pooled states). Loss by problem_type:
     cross-entropy (single label), BCE-with-logits (multi label, float multi-hot labels), MSE
     (regression)."""
 
@@ -485,8 +486,8 @@ class BertForSequenceClassification(BertPreTrainedHead):
         labels: Tensor | None = None,
     ) -> SequenceClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        if self.config.classifier_pooling == "mean":
-            pooled = pool(out.last_hidden_state, attention_mask, "mean")
+        if self.config.classifier_pooling != "cls":
+            pooled = pool(out.last_hidden_state, attention_mask, self.config.classifier_pooling)
         elif out.pooler_output is not None:
             pooled = out.pooler_output
         else:
@@ -611,28 +612,83 @@ class EmbeddingOutput:
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
-    """(B, T, H) -> (B, H). 'mean' averages real tokens only (padding masked out; no mask:
-    every token is real)."""
+    """(B, T, H) -> (B, H) over the real tokens (padding masked out; no mask: every token is
+    real), as sentence-transformers' Pooling modes: 'cls' the first token, 'mean' the average,
+    'max' the element-wise maximum, 'mean_sqrt_len_tokens' the sum over sqrt(length)."""
     if pooling == "cls":
         return hidden[:, 0]
+    if attention_mask is None:
+        attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    if pooling == "max":
+        return hidden.masked_fill(mask == 0, float("-inf")).max(1).values
+    total, length = (hidden * mask).sum(1), mask.sum(1).clamp(min=1e-9)
     if pooling == "mean":
-        if attention_mask is None:
-            return hidden.mean(1)
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    raise ValueError(f"pooling must be 'mean' or 'cls', not {pooling!r}")
+        return total / length
+    if pooling == "mean_sqrt_len_tokens":
+        return total / length.sqrt()
+    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+
+
+# The activations a sentence-transformers Dense module may name (its activation_function: the
+# torch class's full name, built without arguments as sentence-transformers builds it).
+DENSE_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    f"{cls.__module__}.{cls.__name__}": cls
+    for cls in (nn.Identity, nn.Tanh, nn.ReLU, nn.GELU, nn.Sigmoid)
+}
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module on the pooled vector: linear, then the activation
+    (`activation`, a key of DENSE_ACTIVATIONS; their default is Tanh)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        activation: str = "torch.nn.modules.activation.Tanh",
+    ) -> None:
+        super().__init__()
+        if activation not in DENSE_ACTIVATIONS:
+            raise ValueError(
+                f"Dense activation {activation} is not supported ({', '.join(DENSE_ACTIVATIONS)})"
+            )
+        self.activation = activation
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.act = DENSE_ACTIVATIONS[activation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.linear(x))
 
 
 class BertForEmbedding(BertPreTrainedHead):
-    """Sentence embeddings, sentence-transformers style: pooled last hidden state, optionally
-    L2-normalised. Trained with in-batch negatives (`contrastive_loss`)."""
+    """Sentence embeddings, sentence-transformers style: pooled last hidden state, then any
+    Dense modules, optionally L2-normalised. Trained with in-batch negatives
+    (`contrastive_loss`)."""
 
-    def __init__(self, config: BertConfig, pooling: str = "mean", normalize: bool = True) -> None:
+    def __init__(
+        self,
+        config: BertConfig,
+        pooling: str = "mean",
+        normalize: bool = True,
+        dense: list[Dense] | None = None,
+    ) -> None:
         super().__init__(config, add_pooling_layer=False)
         pool(torch.zeros(1, 1, 1), torch.ones(1, 1), pooling)  # validate the name early
         self.pooling = pooling
         self.normalize = normalize
+        self.dense = nn.Sequential(*(dense or []))  # empty: no parameters, no graph nodes
         self.post_init()
+
+    @property
+    def dimension(self) -> int:
+        """The embedding's width: the last Dense module's, else hidden_size."""
+        return self.dense[-1].linear.out_features if self.dense else self.config.hidden_size
+
+    def sentence(self, hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
+        """(B, T, H) last hidden states -> (B, D) embeddings, before normalisation."""
+        return self.dense(pool(hidden, attention_mask, pooling))
 
     def forward(
         self,
@@ -641,7 +697,7 @@ class BertForEmbedding(BertPreTrainedHead):
         token_type_ids: Tensor | None = None,
     ) -> EmbeddingOutput:
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        emb = pool(hidden, attention_mask, self.pooling)
+        emb = self.sentence(hidden, attention_mask, self.pooling)
         if self.normalize:
             emb = F.normalize(emb, p=2, dim=-1)
         return EmbeddingOutput(emb)

@@ -6,9 +6,13 @@
 
 The service runs the same two steps as a `Job` (see service.tasks), one per request.
 
-Pooling (mask-aware mean or CLS) happens inside the ONNX graph; normalisation is a per-request
-choice and happens here. Truncation is the classifier's: the same code, one place
-(`service.rows.text_rows`).
+Pooling (CLS, or mask-aware mean or max) and a sentence-transformers folder's Dense modules
+happen inside the ONNX graph; normalisation is a per-request choice and happens here.
+Truncation is the classifier's: the same code, one place (`service.rows.text_rows`).
+
+Prompts (sentence-transformers' `prompts`, e.g. e5's "query: "): `prompt(package, name)` is
+the text put before every input ahead of tokenization, as `SentenceTransformer.encode(...,
+prompt_name=name)` does; with no name, the package's default prompt, if it has one.
 
 Layer features (Devlin et al. 2018 §5.3): a package exported with `--hidden-states` also
 outputs every layer's states pooled both ways, (L + 1, H) per input, embeddings output first;
@@ -45,6 +49,7 @@ __all__ = [
     "hidden_states",
     "postprocess",
     "preprocess",
+    "prompt",
 ]
 
 # Same floor as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
@@ -113,6 +118,25 @@ def combine_layers(states: np.ndarray, layers: list[int], combine: str) -> np.nd
     raise ValueError(f"combine must be one of {COMBINE}, not {combine!r}")
 
 
+def prompt(package: ModelPackage, name: str | None) -> str:
+    """The text to put before each input: the prompt `name`, else the package's default one,
+    else none (""). An unknown name is an InvalidInput naming the package's prompts."""
+    if name is None:
+        default = package.default_prompt_name
+        return package.prompts[default] if default is not None else ""
+    if not package.prompts:
+        raise InvalidInput(
+            f"prompt_name {name!r}: model {package.name!r} has no prompts (its "
+            "sentence-transformers folder's config_sentence_transformers.json names none)"
+        )
+    if name not in package.prompts:
+        raise InvalidInput(
+            f"prompt_name {name!r} is not one of model {package.name!r}'s prompts: "
+            f"{', '.join(package.prompts)}"
+        )
+    return package.prompts[name]
+
+
 @dataclass(frozen=True)
 class Features:
     """Which hidden states make the vector (Devlin et al. §5.3) instead of the package's own
@@ -150,8 +174,9 @@ def features(
 
 class Job:
     """One /embed or /v1/embeddings request for a model's batcher: texts -> one row each ->
-    (N, H) float32 vectors ((N, F) with layer `features`). After it ran, `tokens` holds the
-    tokens its rows took (OpenAI's usage)."""
+    (N, H) float32 vectors ((N, F) with layer `features`); `prompt` goes before each text.
+    After it ran, `tokens` holds the tokens its rows took (OpenAI's usage), the prompt's
+    included."""
 
     windowed = 0
 
@@ -163,9 +188,10 @@ class Job:
         normalize: bool | None = None,
         truncate: bool = True,
         features: Features | None = None,
+        prompt: str = "",
     ) -> None:
         _check_texts(texts)
-        self.texts = texts
+        self.texts = [prompt + text for text in texts] if prompt else texts
         self.max_seq_length = package.max_seq_length
         self.normalize = package.normalize if normalize is None else normalize
         self.truncate, self.features = truncate, features

@@ -200,7 +200,8 @@ def _group(entities: list[dict], text: str) -> list[dict]:
 
 
 def _words(tokens: Tokens, probs: np.ndarray, labels: list[str], strategy: str) -> list[dict]:
-    """Per word (a token and the `##` tokens after it) one label, by the strategy."""
+    """Per word (a token and the subword tokens after it, `Tokens.subword`) one label, by the
+    strategy."""
     starts = [0] + [i for i in range(1, len(tokens)) if not tokens.subword[i]]
     out = []
     for a, b in zip(starts, starts[1:] + [len(tokens)], strict=True):
@@ -335,7 +336,9 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         self._texts = [
-            _windowed(tokenizer, text, tokens(tokenizer, enc), self.max_seq_length, self.stride)
+            _windowed(
+                tokenizer, text, tokens(tokenizer, enc, text), self.max_seq_length, self.stride
+            )
             for text, enc in zip(self.texts, encodings, strict=True)
         ]
         self.windowed = sum(t.windowed for t in self._texts)
