@@ -215,6 +215,14 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
     if state is not None and state["args"]["task"] != args.task:
         raise ValueError(f"{out / 'last'} was trained for {state['args']['task']}, not {args.task}")
     source = out / "last" if state is not None else Path(args.init)
+    fits = BertConfig.load(source).max_tokens  # RoBERTa-base: 512 of its 514 positions
+    if args.max_seq_length > fits:
+        if args.max_seq_length != DEFAULT_MAX_SEQ_LENGTH[args.task]:
+            raise ValueError(f"--max-seq-length {args.max_seq_length}: {source} fits {fits} tokens")
+        d.log(
+            f"max_seq_length {fits}: the most {source} fits (the default is {args.max_seq_length})"
+        )
+        args.max_seq_length = fits
     tokenizer = load_tokenizer(args.tokenizer or source)
     rows, labels, evaluator = prepare_data(args, tokenizer, BertConfig.load(source).labels, d)
     model = build(args, source, label_names(args, labels)).to(d.device).train()
