@@ -144,7 +144,9 @@ class Registry:
         backend, variant = open_backend(package, self.settings)
         sample = row(template(tokenizer), encode(tokenizer, "warm up the model").ids)
         warm = time.perf_counter()
-        outputs = warm_up(backend, pad([sample, sample], template(tokenizer).pad_id))  # 2 rows: the batch axis is dynamic
+        outputs = warm_up(
+            backend, pad([sample, sample], template(tokenizer).pad_id)
+        )  # 2 rows: the batch axis is dynamic
         seconds = time.perf_counter() - warm
         if missing := declared - set(outputs):
             raise ValueError(f"the graph does not produce outputs {sorted(missing)}")

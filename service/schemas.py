@@ -104,6 +104,17 @@ ModelName = Annotated[
 ]
 
 
+PromptName = Annotated[
+    str | None,
+    Field(
+        description="Embedding: one of the model's prompts (its sentence-transformers "
+        "`prompts`, e.g. 'query'), whose text goes before each input, as "
+        "SentenceTransformer.encode(prompt_name=...) does. Default: the model's "
+        "default_prompt_name, if any, else no prompt.",
+    ),
+]
+
+
 class _Request(BaseModel):
     # extra="forbid": a misspelt option is an error, not a default. strict: JSON types as the
     # schema says (no "3" for 3, no 0 for false), so a client's type mistake is not guessed at.
@@ -247,6 +258,7 @@ class EmbedRequest(_Request):
     truncate: bool = Field(
         default=True, description="Cut inputs to the model window; false = 422 instead."
     )
+    prompt_name: PromptName = None
     model: ModelName = None
 
 
@@ -260,6 +272,7 @@ class OpenAIEmbeddingRequest(BaseModel):
         default=None, ge=1, le=MAX_TOKENS, description="Must equal the model's, if given."
     )
     user: str | None = None
+    prompt_name: PromptName = None
 
 
 # -- responses (for the OpenAPI page; routes return them as plain JSON) -------------------------

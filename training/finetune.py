@@ -87,7 +87,9 @@ class FinetuneArgs:
     log_every: int = option(10, "write the mean training loss every N steps")
     group_by_length: bool = option(False, "batch rows of similar length (2-5x faster on CPU)")
     precision: str = option("fp32", "autocast: bf16 (GPU, bf16 CPUs) or fp16 (GPU)", choices=tuple(DTYPES))  # fmt: skip
-    pooling: str | None = option(None, "embedding, classification: cls or mean", choices=POOLINGS)
+    pooling: str | None = option(
+        None, "embedding, classification: how token states become one vector", choices=POOLINGS
+    )
     freeze_encoder: bool = option(False, "train the head alone (feature-based, Devlin et al. §5.3)")
     features: str | None = option(None, "token-classification: hidden states the head reads", choices=tuple(FEATURES))  # fmt: skip
     max_train_examples: int | None = option(None, "use the first N training examples only")

@@ -28,9 +28,15 @@ async def embed_texts(body: EmbedRequest, run: Inference) -> Response:
     model = run.use("embedding", body.model)
     texts, _ = as_list(body.inputs)
     features = embed.features(model.package, body.layers, body.pooling, body.combine)
+    prompt = embed.prompt(model.package, body.prompt_name)
     run.check_sizes(sizes(texts))
     job = embed.Job(
-        model.package, texts, normalize=body.normalize, truncate=body.truncate, features=features
+        model.package,
+        texts,
+        normalize=body.normalize,
+        truncate=body.truncate,
+        features=features,
+        prompt=prompt,
     )
     return json_response(await run.run(job))  # (N, H) float32, written straight from numpy
 
@@ -41,8 +47,9 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, run: Inference) -> Res
     window are truncated (OpenAI refuses them; truncation is what TEI does here)."""
     model = run.use("embedding", body.model)
     texts, _ = as_list(body.input)
+    prompt = embed.prompt(model.package, body.prompt_name)
     run.check_sizes(sizes(texts))
-    job = embed.Job(model.package, texts, truncate=True)
+    job = embed.Job(model.package, texts, truncate=True, prompt=prompt)
     vectors = await run.run(job)
     if body.dimensions is not None and body.dimensions != vectors.shape[1]:
         raise InputError(f"dimensions must be {vectors.shape[1]} for model {model.name!r}")

@@ -398,8 +398,8 @@ def test_configs_we_cannot_serve(tmp_path, tiny_config, change, match):
 
 def test_unsupported_sentence_transformers_modules(tmp_path, tiny_config):
     save_model(_new("embedding", tiny_config), tmp_path)
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
-    _fails(r"1_Pooling/config.json: pooling \['max'\] is not supported", tmp_path)
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "lasttoken"}))
+    _fails(r"1_Pooling/config.json: pooling lasttoken is not supported", tmp_path)
 
 
 # --- all-MiniLM-L6-v2: the real checkpoint --------------------------------------------------

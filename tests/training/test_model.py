@@ -161,13 +161,13 @@ def test_mean_pooled_classification_reads_the_real_tokens_and_round_trips(
     again = load_model(tmp_path / "m", task="classification")
     assert again.config.classifier_pooling == "mean"
     torch.testing.assert_close(again(**batch).logits, out, atol=0, rtol=0)
-    with pytest.raises(ConfigError, match="classifier_pooling 'max'"):
-        tiny_config.replace(classifier_pooling="max")
+    with pytest.raises(ConfigError, match="classifier_pooling 'lasttoken'"):
+        tiny_config.replace(classifier_pooling="lasttoken")
 
 
 def test_embedding_rejects_unknown_pooling(tiny_config):
     with pytest.raises(ValueError, match="pooling must be"):
-        BertForEmbedding(tiny_config, pooling="max")
+        BertForEmbedding(tiny_config, pooling="lasttoken")
 
 
 def test_contrastive_loss_is_in_batch_cross_entropy():

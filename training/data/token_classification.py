@@ -173,9 +173,7 @@ def encode_tagged(
     return rows
 
 
-def _row(
-    chunk: list[tuple[np.ndarray, str]], tag_id: dict[str, int], layout: Template
-) -> dict:
+def _row(chunk: list[tuple[np.ndarray, str]], tag_id: dict[str, int], layout: Template) -> dict:
     ids = np.concatenate([p for p, _ in chunk])
     labels = np.full(len(ids) + layout.single.n_special, IGNORE, dtype=np.int64)
     # after the template's prefix ([CLS], <s>)
