@@ -31,7 +31,12 @@ from tests.service.tasks.test_qa import UNICODE_PAIRS
 
 pytestmark = [pytest.mark.shared, pytest.mark.anyio]
 
-TASKS = {"classify": "classification", "ner": "token-classification", "qa": "question-answering"}
+TASKS = {
+    "classify": "classification",
+    "ner": "token-classification",
+    "qa": "question-answering",
+    "embed": "embedding",
+}
 CLASSIFY_LEN = 24  # some sentences and most pairs are truncated
 NER_LEN = 128
 QA_LEN, QA_STRIDE = 96, 24  # most SQuAD contexts span several windows
@@ -46,7 +51,9 @@ def models(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     root = tmp_path_factory.mktemp("families")
     for family in FAMILIES:
         for name, task in TASKS.items():
-            length = {"classify": CLASSIFY_LEN, "ner": NER_LEN, "qa": QA_LEN}[name]
+            length = {"classify": CLASSIFY_LEN, "ner": NER_LEN, "qa": QA_LEN, "embed": NER_LEN}[
+                name
+            ]
             export.export_package(
                 family_checkpoint(family, task, seed=3),
                 task,
@@ -186,3 +193,27 @@ def same_layout_as_transformers_means(tokenizer: Any) -> None:
         (cls, tokenizer.convert_tokens_to_ids(cls)),
         trim_offsets=False,
     )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_embed(served: Service, shared_data: Path, family: str) -> None:
+    """A plain `save_pretrained` encoder folder: the package's default, the mean of the real
+    tokens' last states, L2-normalised, against transformers' model of the same folder."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = family_checkpoint(family, "embedding", seed=3)
+    model, tokenizer = (
+        AutoModel.from_pretrained(folder).eval(),
+        AutoTokenizer.from_pretrained(folder),
+    )
+    texts = sst2_sentences(shared_data, 12) + SPACED + UNICODE_TEXTS
+    ours = await post(served, "/embed", {"inputs": texts, "model": f"{family}-embed"})
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        states = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    theirs = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+    cosine = (torch.tensor(ours) * theirs).sum(-1)
+    assert cosine.min().item() >= 0.99999, (family, cosine.min().item())
+    COMPARED[family, "/embed"] = len(texts)
