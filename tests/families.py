@@ -72,7 +72,19 @@ def training_lines(n: int = 4000) -> list[str]:
 
 
 def _tokenizer(kind: str) -> Any:
-    """A trained `tokenizers.Tokenizer` of the family kind (see the module docstring)."""
+    """A trained `tokenizers.Tokenizer` of the family kind (see the module docstring), trained
+    once per session per kind."""
+    from tokenizers import Tokenizer
+
+    if kind not in _trained:
+        _trained[kind] = _train_tokenizer(kind).to_str()
+    return Tokenizer.from_str(_trained[kind])
+
+
+_trained: dict[str, str] = {}
+
+
+def _train_tokenizer(kind: str) -> Any:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from tokenizers.processors import RobertaProcessing, TemplateProcessing
 
@@ -257,3 +269,23 @@ def _save_slow(family: str, tokenizer: Any, folder: Path) -> None:
     if kind == "wordpiece":
         config["do_lower_case"] = False
     (folder / "tokenizer_config.json").write_text(json.dumps(config | special))
+
+
+_packages: dict[tuple[Any, ...], Path] = {}
+
+
+def family_package(
+    family: str, task: str, *, seed: int = 0, max_seq_length: int | None = None
+) -> Path:
+    """`family_checkpoint(family, task, seed=seed)` exported by training.export (fp32), cached
+    for the session: the export tests and the served-parity tests share one package each."""
+    key = (family, task, seed, max_seq_length)
+    if key not in _packages:
+        from training.export import export_package
+
+        out = _cache_root / "packages" / f"{family}-{task}-{seed}-{max_seq_length}"
+        folder = family_checkpoint(family, task, seed=seed)
+        _packages[key] = export_package(
+            folder, task, out, max_seq_length=max_seq_length, verbose=False
+        ).path
+    return _packages[key]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from service.settings import Settings
-from tests.families import FAMILIES, family_checkpoint
+from tests.families import FAMILIES, family_checkpoint, family_package
 from tests.service.conftest import Service, serve
 from tests.service.tasks.conftest import (  # noqa: F401 (fixtures, used by name)
     _one_torch_thread,
@@ -38,29 +38,28 @@ TASKS = {
     "embed": "embedding",
 }
 CLASSIFY_LEN = 24  # some sentences and most pairs are truncated
-NER_LEN = 128
+SEED = 3  # of the random models: one whose NER names things and whose QA says "no answer"
 QA_LEN, QA_STRIDE = 96, 24  # most SQuAD contexts span several windows
 # spaces, tabs, punctuation, accents and emoji on top of the shared ones
 SPACED = ["Hello  world,  from   Zürich\tand  Lisbon !", "(Anna) met 🙂 Jean-Luc Picard; ok?"]
 COMPARED: dict[tuple[str, str], int] = {}  # (family, endpoint) -> inputs compared
 
 
+def package(family: str, endpoint: str) -> Path:
+    """The endpoint's package of the family (shared with tests/training/test_family_export.py);
+    its folder name is the model name requests use."""
+    length = CLASSIFY_LEN if endpoint == "classify" else None  # else the model's 128
+    return family_package(family, TASKS[endpoint], seed=SEED, max_seq_length=length)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
-    export = pytest.importorskip("training.export")
+    """A model folder of links to every family's packages."""
     root = tmp_path_factory.mktemp("families")
     for family in FAMILIES:
-        for name, task in TASKS.items():
-            length = {"classify": CLASSIFY_LEN, "ner": NER_LEN, "qa": QA_LEN, "embed": NER_LEN}[
-                name
-            ]
-            export.export_package(
-                family_checkpoint(family, task, seed=3),
-                task,
-                root / f"{family}-{name}",
-                max_seq_length=length,
-                verbose=False,
-            )
+        for endpoint in TASKS:
+            found = package(family, endpoint)
+            (root / found.name).symlink_to(found)
     return root
 
 
@@ -74,7 +73,7 @@ async def served(models: Path) -> AsyncIterator[Service]:
 def pipe(family: str, task: str, **kwargs: Any) -> Any:
     from transformers import pipeline
 
-    folder = family_checkpoint(family, TASKS[task], seed=3)
+    folder = family_checkpoint(family, TASKS[task], seed=SEED)
     hf_task = {"classify": "text-classification", "ner": "token-classification",
                "qa": "question-answering"}[task]  # fmt: skip
     return pipeline(hf_task, model=str(folder), **kwargs)
@@ -96,7 +95,9 @@ async def test_classify(served: Service, shared_data: Path, family: str) -> None
         ([list(p) for p in pairs], [{"text": a, "text_pair": b} for a, b in pairs]),
     ]:
         ours = await post(
-            served, "/classify", {"inputs": inputs, "top_k": None, "model": f"{family}-classify"}
+            served,
+            "/classify",
+            {"inputs": inputs, "top_k": None, "model": package(family, "classify").name},
         )
         theirs = classifier(hf_inputs, top_k=None, truncation=True, max_length=CLASSIFY_LEN)
         for text, o, t in zip(inputs, ours, theirs, strict=True):
@@ -114,7 +115,11 @@ async def test_ner_every_strategy(served: Service, shared_data: Path, family: st
         ours = await post(
             served,
             "/ner",
-            {"inputs": texts, "aggregation_strategy": strategy, "model": f"{family}-ner"},
+            {
+                "inputs": texts,
+                "aggregation_strategy": strategy,
+                "model": package(family, "ner").name,
+            },
         )
         key = "entity" if strategy == "none" else "entity_group"
         for text, o in zip(texts, ours, strict=True):
@@ -151,7 +156,7 @@ async def test_qa_windows_top_k_and_the_null_answer(
         {"top_k": 5, "handle_impossible_answer": True, "max_answer_len": 6},
     ):
         body = {"inputs": inputs, **options, "max_seq_len": QA_LEN, "doc_stride": QA_STRIDE}
-        ours = await post(served, "/qa", {**body, "model": f"{family}-qa"})
+        ours = await post(served, "/qa", {**body, "model": package(family, "qa").name})
         for (question, context), o in zip(pairs, ours, strict=True):
             t = answerer(question=question, context=context, **options,
                          max_seq_len=QA_LEN, doc_stride=QA_STRIDE)  # fmt: skip
@@ -202,13 +207,13 @@ async def test_embed(served: Service, shared_data: Path, family: str) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    folder = family_checkpoint(family, "embedding", seed=3)
+    folder = family_checkpoint(family, "embedding", seed=SEED)
     model, tokenizer = (
         AutoModel.from_pretrained(folder).eval(),
         AutoTokenizer.from_pretrained(folder),
     )
     texts = sst2_sentences(shared_data, 12) + SPACED + UNICODE_TEXTS
-    ours = await post(served, "/embed", {"inputs": texts, "model": f"{family}-embed"})
+    ours = await post(served, "/embed", {"inputs": texts, "model": package(family, "embed").name})
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     with torch.inference_mode():
         states = model(**batch).last_hidden_state

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.families import FAMILIES, TASK_CLASSES, family_checkpoint
+from tests.families import FAMILIES, TASK_CLASSES, family_checkpoint, family_package
 from training.export import ExportError, export_package, main, probe_batches
 from training.tokenizer import TokenizerError, load_tokenizer
 
@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 TOL = 1e-4
+SEED = 3  # the seed tests/service/test_family_parity_http.py serves: one export each
 TASKS = tuple(TASK_CLASSES)
 TEXTS = [
     "Hello  world, café naïve!",
@@ -32,16 +33,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def exported(shared_data, tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """(family, task) -> its exported package, fp32."""
-    root = tmp_path_factory.mktemp("family-packages")
-    return {
-        (family, task): export_package(
-            family_checkpoint(family, task), task, root / f"{family}-{task}", verbose=False
-        ).path
-        for family in FAMILIES
-        for task in TASKS
-    }
+def exported(shared_data) -> dict[tuple[str, str], Path]:
+    """(family, task) -> its exported package, fp32 (shared with the served-parity tests)."""
+    return {(f, t): family_package(f, t, seed=SEED) for f in FAMILIES for t in TASKS}
 
 
 def their_outputs(
@@ -75,7 +69,7 @@ def their_outputs(
 def test_onnx_equals_transformers_for_every_head(exported, family):
     fusion = {}
     for task in TASKS:
-        folder, package = family_checkpoint(family, task), exported[family, task]
+        folder, package = family_checkpoint(family, task, seed=SEED), exported[family, task]
         manifest = json.loads((package / "package.json").read_text())
         session = ort.InferenceSession(
             str(package / "model.onnx"), providers=["CPUExecutionProvider"]
@@ -115,7 +109,7 @@ def test_the_distilbert_graph_declares_no_token_types(exported):
 def test_roberta_windows_leave_room_for_the_position_offset(exported):
     manifest = json.loads((exported["roberta", "question-answering"] / "package.json").read_text())
     config = json.loads(
-        (family_checkpoint("roberta", "question-answering") / "config.json").read_text()
+        (family_checkpoint("roberta", "question-answering", seed=SEED) / "config.json").read_text()
     )
     assert manifest["max_seq_length"] == config["max_position_embeddings"] - 2
 
@@ -128,7 +122,7 @@ def test_the_slow_roberta_files_tokenize_as_transformers(shared_data):
     assert not (slow / "tokenizer.json").exists() and (slow / "merges.txt").is_file()
     ours, fast = (
         load_tokenizer(slow),
-        load_tokenizer(family_checkpoint("roberta", "classification")),
+        load_tokenizer(family_checkpoint("roberta", "classification", seed=SEED)),
     )
     hf = transformers.AutoTokenizer.from_pretrained(slow)
     for text in TEXTS:
@@ -165,7 +159,7 @@ def test_an_unsupported_model_type_is_named_with_the_supported_list(
     shared_data, tmp_path, capsys, model_type
 ):
     folder = tmp_path / "ckpt"
-    shutil.copytree(family_checkpoint("bert", "classification"), folder)
+    shutil.copytree(family_checkpoint("bert", "classification", seed=SEED), folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"model_type": model_type}))
     code = main(
@@ -179,13 +173,13 @@ def test_an_unsupported_model_type_is_named_with_the_supported_list(
 
 
 def test_a_tokenizer_of_another_model_is_refused(shared_data, tmp_path):
-    roberta = family_checkpoint("roberta", "classification")
+    roberta = family_checkpoint("roberta", "classification", seed=SEED)
     bigger = load_tokenizer(roberta)
     bigger.add_tokens([f"extra{i}" for i in range(5)])
     with pytest.raises(ExportError, match="tokens but the model's vocab_size"):
         export_package(roberta, "classification", tmp_path / "a", tokenizer=bigger, verbose=False)
     # a WordPiece vocabulary pads with [PAD] = 0, not where RoBERTa counts positions from
-    bert_vocab = load_tokenizer(family_checkpoint("bert", "classification"))
+    bert_vocab = load_tokenizer(family_checkpoint("bert", "classification", seed=SEED))
     with pytest.raises(ExportError, match="pads with id 0 but the model's pad_token_id is 1"):
         export_package(
             roberta, "classification", tmp_path / "b", tokenizer=bert_vocab, verbose=False

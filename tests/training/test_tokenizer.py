@@ -248,7 +248,9 @@ def test_offsets_point_into_each_text(minilm_path):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(TokenizerError, match="no tokenizer.json or vocab.txt"):
+    with pytest.raises(
+        TokenizerError, match=r"no tokenizer.json, vocab.txt or vocab.json \+ merges.txt"
+    ):
         load_tokenizer(tmp_path)
     (tmp_path / "vocab.txt").write_text("[PAD]\nhello\n")
     with pytest.raises(
