@@ -345,6 +345,10 @@ class ModelInfo(BaseModel):
     hidden_states: int | None = Field(
         default=None, description="Embedding: hidden states /embed `layers` can read (L + 1)."
     )
+    prompts: dict[str, str] | None = Field(
+        default=None, description="Embedding: the `prompt_name`s /embed takes, and their texts."
+    )
+    default_prompt_name: str | None = None
     max_seq_length: int | None = None
     variant: str | None = None
     variants: list[str] | None = None

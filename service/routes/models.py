@@ -27,6 +27,8 @@ def describe(entry: Entry) -> ModelInfo:
             "pooling": p.pooling,
             "normalize": p.normalize if p.task == "embedding" else None,
             "hidden_states": embed.hidden_states(p.outputs) if p.task == "embedding" else None,
+            "prompts": p.prompts or None,
+            "default_prompt_name": p.default_prompt_name,
             "max_seq_length": p.max_seq_length,
             "variant": entry.model.variant,
             "variants": sorted(p.variants),

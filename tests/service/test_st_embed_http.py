@@ -144,3 +144,10 @@ def test_openapi_shows_prompt_name(server: httpx.Client) -> None:
     for request in ("EmbedRequest", "OpenAIEmbeddingRequest"):
         assert "prompt_name" in schemas[request]["properties"]
         assert "default_prompt_name" in str(schemas[request]["properties"]["prompt_name"])
+
+
+def test_models_lists_the_prompts(server: httpx.Client) -> None:
+    models = {m["name"]: m for m in server.get("/models").json()["models"]}
+    assert models["prompted"]["prompts"] == {**PROMPTS, "document": ""}
+    assert models["prompted"]["default_prompt_name"] == "query"
+    assert models[NO_PROMPTS]["prompts"] is None
