@@ -18,6 +18,12 @@ server's CPU per request split by thread (`benchmarks._cpu`: event loop / tokeni
 runtime threads = executor + ORT pool / other), the tokenization stage's time from /metrics,
 requests/s per server core, and the ratio to the bare app's CPU per request on the same bodies.
 Results: benchmarks/results/server_cost[-tag].{json,md}.
+
+`--backend null` keeps everything but `session.run`: the server's ONNX Runtime backend answers
+each batch with slices of fixed random arrays of the graph's output shapes (`NULL_BACKEND`), so
+the table shows the server without any model. (The 1-layer, hidden-32 model is not free: its
+`session.run` costs ~360 us for 7 SST-2 rows on one thread, as much as the rest of the server
+per request.)
 """
 
 from __future__ import annotations
@@ -56,6 +62,31 @@ TARGETS = {"/classify": 3.0, "/embed": 3.0, "/v1/embeddings": 3.0, "/ner": 5.0, 
 MAX_SEQ = {"classification": 128, "embedding": 256, "token-classification": 256}
 MAX_SEQ["question-answering"] = 384
 DISTINCT = 2000  # distinct inputs cycled
+# Run in the server process before the service with --backend null: OrtBackend.run returns views
+# of random arrays in the graph's output shapes (named dims: the first is the batch, the second
+# the sequence), never calling session.run. Random, so NER finds entities and QA spans as with
+# a real model's logits; views, so making them costs nothing.
+NULL_BACKEND = """
+import numpy as _np, service.runtime as _runtime
+_open = _runtime.OrtBackend.__init__
+def _null_open(self, *args, **kwargs):
+    _open(self, *args, **kwargs)
+    rng = _np.random.default_rng(0)
+    self._null = {
+        o.name: (rng.standard_normal([512 if isinstance(d, str) else d for d in o.shape])
+                 .astype(_np.float32), [isinstance(d, str) for d in o.shape])
+        for o in self.session.get_outputs()
+    }
+def _null_run(self, feeds):
+    size = _np.shape(feeds["input_ids"])
+    out = {}
+    for name, (table, named) in self._null.items():
+        dims = iter(size)
+        out[name] = table[tuple(slice(next(dims)) if n else slice(None) for n in named)]
+    return out
+_runtime.OrtBackend.__init__ = _null_open
+_runtime.OrtBackend.run = _null_run
+"""
 
 
 def build_null(task: str, out: Path) -> Path:
@@ -128,7 +159,7 @@ def worker_pids(pid: int) -> list[int]:
 
 @contextmanager
 def start_service(
-    package: Path, variant: str, threads: int, root: Path, workers: int = 1
+    package: Path, variant: str, threads: int, root: Path, workers: int = 1, null: bool = False
 ) -> Iterator[Target]:
     """`python -m service --workers N` from `root` on `package`, threads mapped. Workers are
     spawned without the prelude: their CPU counts whole (main thread = event loop, the rest
@@ -138,7 +169,8 @@ def start_service(
         log = Path(tmp) / "threads.log"
         with _server.serve(
             package, variant, threads, False, extra,
-            root=root, prelude=PRELUDE, env={"BENCH_THREAD_LOG": str(log)},
+            root=root, prelude=PRELUDE + (NULL_BACKEND if null else ""),
+            env={"BENCH_THREAD_LOG": str(log)},
         ) as server:  # fmt: skip
             pids = worker_pids(server.process.pid) if workers > 1 else [server.process.pid]
             yield Target([server], [ThreadMap.at_start(pid, log) for pid in pids])
@@ -251,7 +283,9 @@ def run_table(args: argparse.Namespace, data: Path) -> list[dict[str, Any]]:
     with ExitStack() as stack:
         root = args.server_root
         services = {
-            t: stack.enter_context(start_service(packages[t], "fp32", args.threads, root))
+            t: stack.enter_context(
+                start_service(packages[t], "fp32", args.threads, root, null=args.backend == "null")
+            )
             for t in tasks
         }
         bare = stack.enter_context(start_bare())
@@ -337,12 +371,15 @@ def run_layouts(args: argparse.Namespace, data: Path) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
+    backend = ("null (no session.run)" if result["settings"].get("backend") == "null"
+               else "ONNX Runtime on the near-null packages")  # fmt: skip
     lines = [
         "# Server cost per request (issue 18)",
         "",
         f"`{result['command']}` on {m['cpu']}, {m['cores']} cores (shared; load "
         f"{m['load_before']} before, {m['load_after']} after), {result['started']}; server "
-        f"code from `{result['server_root']}`. {result['settings']['clients']} closed-loop "
+        f"code from `{result['server_root']}`; backend: {backend}. "
+        f"{result['settings']['clients']} closed-loop "
         f"clients, {result['settings']['warmup']} s warm-up + {result['settings']['duration']} s "
         f"measured, {result['settings']['rounds']} interleaved rounds: medians, [min-max] "
         "over rounds. CPU is the server process's only, over the measured window, per request.",
@@ -417,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--server-root", type=Path, default=_server.REPO,
         help="source tree whose `service` runs (an older checkout); default: this one")  # fmt: skip
     add("--packages", type=Path, default=Path("models/bench/null"), help="near-null packages")
+    add("--backend", choices=["onnx", "null"], default="onnx",
+        help="null: the table's servers skip session.run (random outputs of the right shapes)")  # fmt: skip
     add("--layouts", nargs="*", default=[], metavar="WxT",
         help="worker processes (--workers) x ORT threads each to compare, e.g. 1x2 2x1")  # fmt: skip
     add("--layout-package", type=Path, help="package of the layouts (default: null embedding)")

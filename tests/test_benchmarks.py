@@ -62,3 +62,39 @@ def test_a_short_run_splits_the_server_cpu_by_thread(tmp_path: Path) -> None:
     assert floor["requests_per_s"] > 0 and not floor["errors"]
     _check_split(floor)
     assert floor["server_cpu_us"]["executor"] == floor["server_cpu_us"]["ort_pool"] == 0
+
+
+@pytest.mark.parametrize("task", ["classification", "token-classification", "question-answering",
+                                  "embedding"])  # fmt: skip
+def test_the_null_backend_answers_in_the_graphs_shapes_without_running_it(
+    tmp_path: Path, task: str
+) -> None:
+    """--backend null: the same outputs, names, shapes and dtypes as session.run, at any batch
+    size and length, and session.run is never called."""
+    import numpy as np
+
+    import service.runtime as runtime
+
+    build_tiny_package(tmp_path / "p", task)
+    model = str(tmp_path / "p" / "model.onnx")
+    real = runtime.OrtBackend(model, ["CPUExecutionProvider"], 1, False)
+    scope: dict = {}
+    patched = (runtime.OrtBackend.__init__, runtime.OrtBackend.run)
+    try:
+        exec("import os as _os\n" + server_cost.NULL_BACKEND, scope)
+        null = runtime.OrtBackend(model, ["CPUExecutionProvider"], 1, False)
+    finally:
+        runtime.OrtBackend.__init__, runtime.OrtBackend.run = patched
+    null.session.run = None  # it must not be called
+    for size, length in [(1, 5), (7, 31), (64, 128)]:
+        feeds = {
+            "input_ids": np.ones((size, length), np.int64),
+            "attention_mask": np.ones((size, length), np.int64),
+            "token_type_ids": np.zeros((size, length), np.int64),
+        }
+        want = real.run(feeds)
+        got = scope["_null_run"](null, feeds)
+        assert list(got) == list(want)
+        for name in want:
+            assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype
+            assert np.isfinite(got[name]).all() and len(np.unique(got[name])) > 1  # random

@@ -2,8 +2,8 @@
 schema and /docs come from each endpoint's signature, as for any route), but a request never
 enters FastAPI's per-request machinery.
 
-- `Shortcut`, the outermost of the service's middlewares, serves POSTs to these paths in one
-  layer: payload limit, request metrics, and the route, past FastAPI's router;
+- `Shortcut`, in front of FastAPI's middleware stack (inside CORS when that is on), serves
+  POSTs to these paths in one layer: payload limit, request metrics, and the route;
 - `InferenceRoute` reads the body, validates it with pydantic-core straight from the raw bytes
   (`model_validate_json`), checks the API key and takes an admission slot, and calls the
   endpoint with the body model and an `Inference`;
@@ -266,9 +266,10 @@ def _invalid(exc: ValidationError) -> _BadBody:
 
 
 class Shortcut:
-    """The outermost of the service's own middlewares (only CORS sits outside it). POSTs to
-    the inference paths are served here in one layer: the payload limit, the request metrics
-    and the route, past the router, with the answer written by two raw sends. Everything else
+    """In front of FastAPI (`service.app.App.front`), or with CORS configured the outermost of
+    the service's middlewares inside CORS. POSTs to the inference paths are served here in one
+    layer: the payload limit, the request metrics and the route, past the router, with the
+    answer written by two raw sends. Everything else
     goes on to `RequestMetrics` -> `PayloadLimit` -> FastAPI, which do the same for a request
     that gets here without this layer.
 
