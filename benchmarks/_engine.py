@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from service.batcher import CPU_PAD_LIMIT, grow_batch
 from service.rows import Sequence, pad
 from service.runtime import CPU, OrtBackend
+from service.settings import Settings
 
 
 def open_session(model_path: Path, threads: int, spinning: bool) -> OrtBackend:
@@ -29,9 +31,26 @@ def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray
 
 
 def _batches(rows: list[Sequence], size: int, order: str) -> list[list[Sequence]]:
+    """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
+    batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
+    sorted and cut as `grow_batch` cuts it on CPU (default token and size limits)."""
+    if order == "window":
+        return [b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size])]
     if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of
         rows = sorted(rows, key=len)
     return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _policy(window: list[Sequence]) -> list[list[Sequence]]:
+    defaults = Settings.model_fields
+    tokens, most = defaults["max_batch_tokens"].default, defaults["max_batch_size"].default
+    window = sorted(window, key=len)
+    out, lo = [], 0
+    while lo < len(window):
+        _, hi = grow_batch([len(r) for r in window[lo:]], 0, tokens, most, CPU_PAD_LIMIT)
+        out.append(window[lo : lo + hi])
+        lo += hi
+    return out
 
 
 MIN_BATCHES = 4  # a measurement runs at least this many batches, whatever the budget
@@ -54,9 +73,9 @@ def throughput(
     backend: OrtBackend, rows: list[Sequence], size: int, order: str, budget: float
 ) -> dict[str, Any]:
     """Rows/s of back-to-back session.run calls over `rows` cut into batches of `size`
-    (in arrival order, or sorted by length), for about `budget` seconds and at least
-    MIN_BATCHES batches. Sorted batches are visited in `spread` order, so that a short budget
-    measures short and long rows alike."""
+    (in arrival order, sorted by length, or as the batcher cuts windows of `size`), for about
+    `budget` seconds and at least MIN_BATCHES batches. Sorted batches are visited in `spread`
+    order, so that a short budget measures short and long rows alike."""
     batches = _batches(rows, size, order)
     if order == "sorted":
         batches = [batches[i] for i in spread(len(batches))]
@@ -83,6 +102,7 @@ def throughput(
         "batches": n,
         "sequences_per_s": round(done_rows / elapsed, 2),
         "tokens_per_s": round(done_tokens / elapsed, 1),
+        "sequences_per_batch": round(done_rows / n, 1),
         "padding_efficiency": round(done_tokens / padded_tokens, 3),
         "ms_per_batch": round(1000 * elapsed / n, 3),
     }

@@ -11,7 +11,9 @@ One run, for each variant (fp32, int8) and intra-op thread setting, in `--repeat
 rounds on one server, the best round of each figure kept:
 1. engine ceiling: the raw ORT session in-process, opened as the service opens it, on the
    rows the service would cut from the workload: best sequences/s over batch sizes 1-64
-   (length-sorted batches, and arrival order), and the latency of one request's rows;
+   (length-sorted batches, and arrival order), the batches the service's own batcher would
+   cut from windows of c arrival-order rows (c = each concurrency level: all a closed loop of
+   c clients can have in flight), and the latency of one request's rows;
 2. the real server (`python -m service`, a subprocess on 127.0.0.1) driven by closed-loop
    asyncio clients at each concurrency level (_load.py): requests/s, sequences/s, latency
    percentiles, errors, the server's own stage times from /metrics, CPU of server, client and
@@ -105,6 +107,7 @@ def measure_raw(
     items: list,
     sizes: list[int],
     budget: float,
+    levels: list[int],
 ) -> dict[str, Any]:
     backend = _engine.open_session(package.variant_path(variant), threads, spinning)
     rows = [r for item in items for r in item.rows]
@@ -113,6 +116,13 @@ def measure_raw(
     for order in ("sorted", "arrival"):
         for size in sizes:
             sweep.append(_engine.throughput(backend, rows, size, order, budget))
+    per_request = len(rows) / len(items)
+    for clients in levels:  # what the batcher could make of that many requests in flight
+        if clients > 1:
+            window = max(1, round(clients * per_request))  # their rows
+            sweep.append(
+                _engine.throughput(backend, rows, window, "window", budget) | {"clients": clients}
+            )
     latency = _engine.request_latency(backend, [item.rows for item in items], 3 * budget)
     best = max((s for s in sweep if s["order"] == "sorted"), key=lambda s: s["sequences_per_s"])
     log(
@@ -159,6 +169,7 @@ def best_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
                     key=lambda s: s["sequences_per_s"]),
         "best_arrival": max((s for s in sweep.values() if s["order"] == "arrival"),
                             key=lambda s: s["sequences_per_s"]),
+        "window": {s["clients"]: s for s in sweep.values() if s["order"] == "window"},
         "request_latency_ms": min((r["raw"]["request_latency_ms"] for r in rounds),
                                   key=lambda x: x["p50"]),
     }  # fmt: skip
@@ -182,7 +193,14 @@ def measure_variant(
     ) as server:
         for k in range(args.repeat):
             raw = measure_raw(
-                package, variant, threads, args.spinning, items, args.batch_sizes, args.raw_budget
+                package,
+                variant,
+                threads,
+                args.spinning,
+                items,
+                args.batch_sizes,
+                args.raw_budget,
+                args.levels,
             )
             served = []
             for concurrency in args.levels:

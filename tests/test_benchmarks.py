@@ -98,3 +98,26 @@ def test_the_null_backend_answers_in_the_graphs_shapes_without_running_it(
         for name in want:
             assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype
             assert np.isfinite(got[name]).all() and len(np.unique(got[name])) > 1  # random
+
+
+def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_flight() -> None:
+    """benchmarks.serve's "window" order: each window of `size` arrival-order rows is sorted
+    and cut by grow_batch with the CPU pad limit; every row runs once, in its own window."""
+    import numpy as np
+
+    from benchmarks._engine import _batches
+    from service.batcher import CPU_PAD_LIMIT
+    from service.rows import Sequence
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 60, size=100)
+    rows = [Sequence(np.full(n, k), np.zeros(n, np.int64)) for k, n in enumerate(lengths)]
+    batches = _batches(rows, 32, "window")
+    assert sorted(int(r.input_ids[0]) for b in batches for r in b) == list(range(100))
+    windows = [{int(r.input_ids[0]) // 32 for r in b} for b in batches]
+    assert all(len(w) == 1 for w in windows)  # no batch mixes two windows
+    for b in batches:
+        n = [len(r) for r in b]
+        # each row that joined added at most CPU_PAD_LIMIT padded positions
+        assert n == sorted(n) and sum(max(n) - x for x in n) <= CPU_PAD_LIMIT * (len(n) - 1)
+    assert 4 < len(batches) < 100  # it batches, and it does not pad whole windows
