@@ -53,11 +53,13 @@ class OrtBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
             options.intra_op_num_threads = intra_op_threads
-        # ORT's default (spinning on) keeps its pool threads busy-waiting between parallel
-        # sections and between batches, on cores the event loop needs (see Settings).
+        # Spinning: ORT's pool threads busy-wait for the next parallel section instead of
+        # sleeping on a futex. force_spinning_stop ends the spinning when a run returns, so
+        # between batches they take nothing from the event loop (see Settings).
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if spinning else "0"
         )
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(
             str(model_path), sess_options=options, providers=providers
         )

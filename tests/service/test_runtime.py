@@ -42,6 +42,16 @@ def test_cpu_session_runs_and_says_so(package) -> None:
     assert outputs["logits"].shape == (1, 2) and outputs["logits"].dtype == np.float32
 
 
+@pytest.mark.parametrize("spinning", [True, False])
+def test_threads_spin_inside_a_run_only_as_set(package, spinning: bool) -> None:
+    backend, _ = open_backend(package, Settings(device="cpu", intra_op_spinning=spinning))
+    options = backend.session.get_session_options()
+    entry = options.get_session_config_entry
+    assert entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+    assert entry("session.force_spinning_stop") == "1"  # never between batches
+    assert Settings().intra_op_spinning  # the default: spin while a batch runs
+
+
 @pytest.mark.filterwarnings("ignore:Specified provider")
 def test_cuda_listed_but_unusable_falls_back_to_cpu_and_its_variant(package, monkeypatch) -> None:
     # The GPU wheel lists CUDA on machines without a GPU; the session then runs on CPU.
