@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from service.batcher import CPU_PAD_LIMIT, grow_batch
+from service.batcher import CPU_PAD_LIMIT, next_batch
 from service.rows import Sequence, pad
 from service.runtime import CPU, OrtBackend
 from service.settings import Settings
@@ -33,7 +33,7 @@ def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray
 def _batches(rows: list[Sequence], size: int, order: str) -> list[list[Sequence]]:
     """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
     batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
-    sorted and cut as `grow_batch` cuts it on CPU (default token and size limits)."""
+    cut by `next_batch` as the batcher cuts its queue on CPU (default token and size limits)."""
     if order == "window":
         return [b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size])]
     if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of
@@ -44,12 +44,12 @@ def _batches(rows: list[Sequence], size: int, order: str) -> list[list[Sequence]
 def _policy(window: list[Sequence]) -> list[list[Sequence]]:
     defaults = Settings.model_fields
     tokens, most = defaults["max_batch_tokens"].default, defaults["max_batch_size"].default
-    window = sorted(window, key=len)
-    out, lo = [], 0
-    while lo < len(window):
-        _, hi = grow_batch([len(r) for r in window[lo:]], 0, tokens, most, CPU_PAD_LIMIT)
-        out.append(window[lo : lo + hi])
-        lo += hi
+    out = []
+    while window:
+        picked = next_batch([len(r) for r in window], tokens, most, CPU_PAD_LIMIT)
+        out.append([window[k] for k in picked])
+        chosen = set(picked)
+        window = [r for k, r in enumerate(window) if k not in chosen]
     return out
 
 

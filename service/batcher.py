@@ -42,7 +42,7 @@ from service.rows import InvalidInput, Outputs, Sequence, pad
 from service.runtime import Backend
 from service.tasks import Job
 
-__all__ = ["Admission", "Batcher", "grow_batch", "pad"]
+__all__ = ["Admission", "Batcher", "grow_batch", "next_batch", "pad"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,18 @@ def grow_batch(
             hi += 1
         else:
             return lo, hi
+
+
+def next_batch(
+    lengths: list[int], max_tokens: int, max_size: int, pad_limit: int | None = None
+) -> list[int]:
+    """Indices of the rows (`lengths` in arrival order, the oldest first) that form the next
+    batch, shortest first: the rows sorted by length (stable, so ties keep FIFO order) and a
+    batch grown around the oldest by `grow_batch`, so no row starves."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    sorted_lengths = [lengths[k] for k in order]
+    lo, hi = grow_batch(sorted_lengths, order.index(0), max_tokens, max_size, pad_limit)
+    return order[lo:hi]
 
 
 def _finite_rows(
@@ -413,15 +425,11 @@ class Batcher:
         if not window:  # the queue held only finished requests' rows: none is queued
             self._set_depth(sum(not r.future.done() for r in self._inbox))
             return []
-        # window[0] is the oldest live row; sorting is stable so ties keep FIFO order.
-        order = sorted(range(len(window)), key=lambda k: len(window[k][0].rows[window[k][1]]))
-        lengths = [len(window[k][0].rows[window[k][1]]) for k in order]
-        lo, hi = grow_batch(
-            lengths, order.index(0), self.max_batch_tokens, self.max_batch_size, self.pad_limit
-        )
-        chosen = set(order[lo:hi])
+        lengths = [len(request.rows[i]) for request, i in window]  # window[0]: the oldest
+        picked = next_batch(lengths, self.max_batch_tokens, self.max_batch_size, self.pad_limit)
+        chosen = set(picked)
         self._queue.extendleft(reversed([window[k] for k in range(len(window)) if k not in chosen]))
-        return [window[k] for k in order[lo:hi]]
+        return [window[k] for k in picked]
 
     # -- step 3: run it, and answer the requests it completes ------------------------------
 

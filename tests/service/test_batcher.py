@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.batcher import INLINE_CHARS, Admission, Batcher, grow_batch, pad
+from service.batcher import INLINE_CHARS, Admission, Batcher, grow_batch, next_batch, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
 from service.rows import Outputs, Sequence
@@ -113,6 +113,12 @@ def test_grow_batch_with_a_pad_limit_keeps_padding_per_row_under_it() -> None:
     assert grow_batch(lengths, seed=3, max_tokens=1000, max_size=10, pad_limit=8) == (3, 5)
     assert grow_batch(lengths, seed=5, max_tokens=1000, max_size=10, pad_limit=8) == (5, 6)
     assert grow_batch(lengths, seed=1, max_tokens=1000, max_size=10) == (0, 6)  # GPU: no limit
+
+
+def test_next_batch_grows_around_the_oldest_row_shortest_first() -> None:
+    # arrival order: the oldest (10 tokens) goes, with its near lengths; 30 would pad too much
+    assert next_batch([10, 3, 4, 30, 11], 1000, 64, pad_limit=8) == [1, 2, 0, 4]
+    assert next_batch([30, 3, 4], 1000, 64, pad_limit=8) == [0]  # never starved
 
 
 def test_pad_masks_and_pads_with_zeros() -> None:
