@@ -74,19 +74,35 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 
 class _Server(uvicorn.Server):
-    """Turns /ready to 503 the moment SIGTERM arrives, while uvicorn drains connections, and
-    answers the requests already on accepted connections before it closes the idle ones."""
+    """Drains on SIGTERM / SIGINT (Ctrl-C) and then exits 0, a clean stop:
 
-    def __init__(self, config: uvicorn.Config, registry: Registry) -> None:
+    1. the signal turns /ready to 503 `draining` at once, and new inference requests to 503
+       `not_ready` with Retry-After, on new connections as on open ones;
+    2. the listening socket stays open while requests are in flight (up to drain_timeout), so a
+       client that still connects is told to go elsewhere instead of refused by the kernel;
+    3. once none is in flight, the socket closes (from then on, connections are refused) and
+       the requests already on accepted connections are answered before those close.
+
+    A second Ctrl-C skips the drain, as uvicorn's does."""
+
+    def __init__(self, config: uvicorn.Config, registry: Registry, drain_timeout: float) -> None:
         super().__init__(config)
         self.registry = registry
+        self.drain_timeout = drain_timeout
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler also records the signal and raises it again once the server has
+        # stopped, so the process ends killed by it (143): a drained stop is a success here
         if sig in (signal.SIGINT, signal.SIGTERM):
             self.registry.draining = True
-        super().handle_exit(sig, frame)
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if not self.force_exit:
+            await self.registry.admission.wait_idle(self.drain_timeout)
         # uvicorn closes every connection without a request in progress at once, also one whose
         # request is already on its way (accepted, not yet parsed): that request would be lost.
         # Stop accepting first and give those a moment to arrive; they are answered (503 while
@@ -117,7 +133,7 @@ def serve(
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
     )
-    _Server(config, app.state.registry).run(sockets=sockets)
+    _Server(config, app.state.registry, settings.drain_timeout).run(sockets=sockets)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -87,6 +87,19 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def routing_message(request: Request, status: int, headers: dict[str, str] | None) -> str | None:
+    """The router's own 404 and 405 ("Not Found", "Method Not Allowed"), said with the fix: the
+    endpoints there are, or the method the path takes. None for any other status."""
+    where = f"{request.method} {request.url.path}"
+    if status == 404:
+        paths = ", ".join(request.app.openapi()["paths"])  # built once, then cached
+        return f"no endpoint at {where}; the endpoints are {paths} (see /docs)"
+    if status == 405:
+        allowed = (headers or {}).get("allow", (headers or {}).get("Allow", ""))
+        return f"{where} is not allowed: this path takes {allowed or 'another method'} (see /docs)"
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -104,7 +117,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         error_type = _TYPE_BY_STATUS.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else None
-        return error_response(request, exc.status_code, str(exc.detail), error_type, headers)
+        message = str(exc.detail)
+        if message in ("Not Found", "Method Not Allowed"):  # the router's own words
+            message = routing_message(request, exc.status_code, headers) or message
+        return error_response(request, exc.status_code, message, error_type, headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -219,7 +219,10 @@ class Registry:
 
     def check_accepting(self) -> None:
         if self.draining:
-            raise NotReady("the service is shutting down; retry on another replica")
+            raise NotReady(
+                "the service is shutting down; retry on another replica",
+                headers={"Retry-After": "1"},
+            )
 
     def select(self, task: str, name: str | None, endpoint: str) -> LoadedModel:
         """The model for a request: `name` if given, else the only ready model of `task`."""

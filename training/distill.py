@@ -189,9 +189,9 @@ def parse_args(argv: list[str] | None = None) -> DistillArgs:
         summary="Distil a fine-tuned teacher into a shallower student (DistilBERT's loss).\n"
         "Options after --alpha-task are training.finetune's.",
         examples=[
-            "python -m training.distill --teacher runs/sst2/best --student-layers 3 "
-            "--task classification --train ../shared/data/sst2/train.tsv "
-            "--eval ../shared/data/sst2/dev.tsv --out runs/sst2-l3 --export"
+            "python -m training.distill --teacher runs/sst2/best --student-layers 1 "
+            "--task classification --train examples/data/sentiment/train.tsv "
+            "--eval examples/data/sentiment/dev.tsv --out runs/sst2-l1 --export"
         ],
         skip=NOT_OPTIONS,
         first=["task", *own],

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m training.evaluate",
         summary="Score a checkpoint or an exported package on a task's evaluation data.",
         examples=[
-            "python -m training.evaluate --package runs/sst2/package --eval ../shared/data/sst2/dev.tsv"
+            "python -m training.evaluate --package models/sst2 --eval examples/data/sentiment/dev.tsv"
         ],  # fmt: skip
     )
     if bool(args.checkpoint) == bool(args.package) or (args.checkpoint and not args.task):

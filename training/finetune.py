@@ -320,9 +320,11 @@ def _hardware(d: Dist) -> str:
 
 # --- command line -----------------------------------------------------------------------
 
-EXAMPLES = ["python -m training.finetune --task classification --init runs/mini --labels negative,"
-            "positive --train ../shared/data/sst2/train.tsv --eval ../shared/data/sst2/dev.tsv "
-            "--out runs/sst2 --export"]  # fmt: skip
+# From the pretraining example's output (python -m training.pretrain --help); any Hugging Face
+# checkpoint folder works the same, e.g. all-MiniLM-L6-v2's (README, "Your own models").
+EXAMPLES = ["python -m training.finetune --task classification --init runs/tiny --labels negative,"
+            "positive --train examples/data/sentiment/train.tsv --eval "
+            "examples/data/sentiment/dev.tsv --out runs/sst2 --export"]  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> FinetuneArgs:

@@ -118,9 +118,10 @@ def build_parser(recipe: str = "bert") -> argparse.ArgumentParser:
         prog="python -m training.pretrain",
         summary="Pretrain BERT from raw text (MLM + NSP, SOP or MLM alone).",
         examples=[
-            "python -m training.pretrain --corpus ../shared/data/corpus/gutenberg_nltk "
-            "--tokenizer train:8000 --config tiny --steps 300 --lr 5e-4 --out runs/tiny",
-            "torchrun --nproc_per_node 8 -m training.pretrain ... --config base --compile",
+            "python -m training.pretrain --corpus examples/data/corpus --tokenizer train:8000 "
+            "--config tiny --batch-size 8 --steps 300 --lr 5e-4 --out runs/tiny",
+            "torchrun --nproc_per_node 2 -m training.pretrain --corpus examples/data/corpus "
+            "--tokenizer train:8000 --config tiny --batch-size 4 --steps 300 --out runs/tiny-ddp",
         ],
     )
     parser.set_defaults(**RECIPES[recipe])

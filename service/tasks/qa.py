@@ -24,8 +24,9 @@ Differences, on purpose: a list is returned also for top_k=1 (the pipeline retur
 only valid spans are returned, so fewer than top_k answers come back when the context has fewer
 spans (the pipeline pads with zero-score spans that can be empty or reversed); a question that
 leaves no room for context, an empty context, or a stride too large for the room left, is an
-InvalidInput (the tokenizer would raise); `max_question_len` refuses longer questions rather than
-cut them (the fast pipeline ignores it).
+InvalidInput (the tokenizer would raise); so is an empty question, as the pipeline refuses it
+("`question` cannot be empty"), also when it is only spaces (no tokens to ask with);
+`max_question_len` refuses longer questions rather than cut them (the fast pipeline ignores it).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def _windowed(
     max_question_len: int | None = None,
 ) -> WindowedContext:
     layout = template(tokenizer).pair
+    if len(q) == 0:
+        raise InvalidInput("question is empty: it has no tokens to ask with")
     if len(c) == 0:
         raise InvalidInput("context is empty: it has no tokens to answer from")
     if max_question_len is not None and len(q) > max_question_len:

@@ -60,10 +60,12 @@ def test_the_factory_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_sigterm_turns_ready_to_503_at_once() -> None:
     app = create_app(Settings())
-    server = _Server(uvicorn.Config(app), app.state.registry)
+    server = _Server(uvicorn.Config(app), app.state.registry, drain_timeout=1.0)
     server.handle_exit(signal.SIGTERM, None)
     assert app.state.registry.readiness() == (False, "draining")
-    assert server.should_exit
+    assert server.should_exit and not server.force_exit
+    server.handle_exit(signal.SIGINT, None)  # a second Ctrl-C skips the drain
+    assert server.force_exit
 
 
 @pytest.mark.parametrize("value", ["", "  "])

@@ -24,8 +24,6 @@ from tests.service.conftest import LiveServer
 folders = pytest.importorskip("tests.training.test_st_folders")
 export = pytest.importorskip("training.export")
 
-pytestmark = pytest.mark.shared
-
 TEXTS = [*folders.TEXTS, "query: a text that already has a prefix", "x " * 40]
 CASES = {  # package name -> family, pooling, Dense activations, Normalize
     **{f"{family}-{pooling}{'-dense-norm' * both}": (family, pooling, ("tanh",) * both, both)
@@ -45,7 +43,7 @@ MIN_COSINE = 0.99999
 
 
 @pytest.fixture(scope="module")
-def st_folders(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Path]:
+def st_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("st-folders")
     built = {name: folders.st_folder(root / name, *case) for name, case in CASES.items()}
     built["prompted"] = folders.st_folder(

@@ -37,6 +37,21 @@ CASES = [
     ("/classify", {"inputs": "x" * 100_000}, 413, "payload_too_large", "max_text_chars"),
     ("/classify", {"inputs": ["a"] * 65}, 413, "payload_too_large", "max_client_batch_size"),
     ("/classify", {"inputs": "a", "model": "nope"}, 404, "model_not_found", "nope"),
+    (
+        "/qa",
+        {"question": "", "context": "Anna lives in Oslo."},
+        422,
+        "validation",
+        "question is empty",
+    ),
+    (
+        "/qa",
+        {"question": "  ", "context": "Anna lives in Oslo."},
+        422,
+        "validation",
+        "question is empty",
+    ),
+    ("/qa", {"question": "Where?", "context": ""}, 422, "validation", "context is empty"),
     ("/classify", {"inputs": "a", "model": "minilm"}, 422, "validation", "embedding"),
     (
         "/ner",
@@ -183,8 +198,17 @@ async def test_a_10_mb_body_is_refused_before_it_is_read(shared: Service) -> Non
 
 
 async def test_unknown_routes_and_methods_use_the_error_body(shared: Service) -> None:
-    assert_error(await shared.client.get("/nope"), 404, "not_found")
-    assert_error(await shared.client.get("/classify"), 405, "method_not_allowed")
+    # the fix in the message: the endpoints there are, or the method the path takes
+    r = await shared.client.post("/clasify", json={"inputs": "a"})
+    assert_error(r, 404, "not_found", "POST /clasify")
+    for endpoint in ("/classify", "/ner", "/qa", "/embed", "/v1/embeddings", "/models"):
+        assert endpoint in r.json()["error"]
+    assert_error(await shared.client.get("/nope"), 404, "not_found", "the endpoints are")
+    r = await shared.client.get("/classify")
+    assert_error(r, 405, "method_not_allowed", "GET /classify is not allowed")
+    assert "takes POST" in r.json()["error"] and r.headers["allow"] == "POST"
+    r = await shared.client.post("/models")
+    assert_error(r, 405, "method_not_allowed", "takes GET")
 
 
 async def test_errors_are_counted_by_reason(service: Service) -> None:

@@ -1,19 +1,13 @@
 """The default model build (`make models`): the demo heads it fine-tunes from all-MiniLM-L6-v2
 pass the hand-written check set (training.demo_checks) above floors set from measurement.
 
-The build is the real one (same recipe, data, seed), so it costs what `make models` costs for
-the three heads: 2 min 17 s on an idle 2-core machine, 4 min on a busy one. Its packages are
-cached in build/demo-models/<hash of the training and service code and library versions>, so
-the suite pays once per change to the code that makes them."""
+The build is the real one (same recipe, data, seed): tests/conftest.py's `demo_models`, shared
+with the README's answers (tests/test_readme.py) and the --help examples."""
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-
 import pytest
 
-from tests.conftest import REPO
 from training.default_models import DEMO_HEADS, _time_left, build
 from training.demo_checks import score_package
 
@@ -27,28 +21,6 @@ FLOORS = {
     "demo-ner": ("f1", 87.0),
     "demo-qa": ("exact_match", 85.0),
 }
-
-
-def _code_hash() -> str:
-    import onnxruntime
-    import torch
-
-    h = hashlib.sha256(f"{torch.__version__} {onnxruntime.__version__}".encode())
-    for path in sorted((*REPO.glob("training/**/*.py"), *REPO.glob("service/**/*.py"))):
-        h.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:16]
-
-
-@pytest.fixture(scope="session")
-def demo_models(minilm_path):
-    cache = REPO / "build" / "demo-models"
-    out = cache / _code_hash()
-    if cache.is_dir():  # packages of older code are never read again
-        for old in cache.iterdir():
-            if old != out:
-                shutil.rmtree(old, ignore_errors=True)
-    build(out, seed=0, only=list(DEMO_HEADS))
-    return out
 
 
 @pytest.mark.parametrize("name", list(FLOORS))
@@ -72,3 +44,14 @@ def test_time_left_schedules_queued_packages_on_the_first_free_worker():
     assert _time_left({"qa": 0.0}, ["sentiment"], expected, 2.0, 2, 40.0) == 160.0
     # one worker: the queue adds up
     assert _time_left({}, ["qa", "ner", "sentiment"], expected, 1.0, 1, 0.0) == 190.0
+
+
+def test_the_time_left_said_only_goes_down():
+    from training.default_models import Countdown
+
+    shown = Countdown(140.0, at=0.0)
+    assert shown.say(125.0, now=15.0) == "about 2:05 to go"
+    # the first package took longer than measured: the new estimate (3:05) is not a jump back
+    assert shown.say(185.0, now=72.0) == "about 1:08 to go"
+    assert shown.say(30.0, now=80.0) == "about 0:30 to go"  # a lower estimate is said at once
+    assert shown.say(60.0, now=110.0).startswith("taking longer than estimated")

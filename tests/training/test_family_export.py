@@ -34,7 +34,7 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def exported(shared_data) -> dict[tuple[str, str], Path]:
+def exported() -> dict[tuple[str, str], Path]:
     """(family, task) -> its exported package, fp32 (shared with the served-parity tests)."""
     return {(f, t): family_package(f, t, seed=SEED) for f in FAMILIES for t in TASKS}
 
@@ -122,7 +122,7 @@ def test_roberta_windows_leave_room_for_the_position_offset(exported):
 # -- tokenizers --------------------------------------------------------------------------------
 
 
-def test_the_slow_roberta_files_tokenize_as_transformers(shared_data):
+def test_the_slow_roberta_files_tokenize_as_transformers():
     slow = family_checkpoint("roberta", "classification", slow_tokenizer=True)
     assert not (slow / "tokenizer.json").exists() and (slow / "merges.txt").is_file()
     ours, fast = (
@@ -138,7 +138,7 @@ def test_the_slow_roberta_files_tokenize_as_transformers(shared_data):
     assert ours.encode(*TEXTS[:2]).ids == hf(*TEXTS[:2])["input_ids"]
 
 
-def test_a_slow_roberta_folder_exports_and_matches(shared_data, tmp_path):
+def test_a_slow_roberta_folder_exports_and_matches(tmp_path):
     package = export_package(
         family_checkpoint("roberta", "classification", slow_tokenizer=True),
         "classification",
@@ -160,9 +160,7 @@ def test_a_sentencepiece_only_folder_says_how_to_fix_it(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["deberta-v2", "gpt2"])
-def test_an_unsupported_model_type_is_named_with_the_supported_list(
-    shared_data, tmp_path, capsys, model_type
-):
+def test_an_unsupported_model_type_is_named_with_the_supported_list(tmp_path, capsys, model_type):
     folder = tmp_path / "ckpt"
     shutil.copytree(family_checkpoint("bert", "classification", seed=SEED), folder)
     config = json.loads((folder / "config.json").read_text())
@@ -177,7 +175,7 @@ def test_an_unsupported_model_type_is_named_with_the_supported_list(
     assert "roberta" in err[0] and "distilbert" in err[0]
 
 
-def test_a_tokenizer_of_another_model_is_refused(shared_data, tmp_path):
+def test_a_tokenizer_of_another_model_is_refused(tmp_path):
     roberta = family_checkpoint("roberta", "classification", seed=SEED)
     bigger = load_tokenizer(roberta)
     bigger.add_tokens([f"extra{i}" for i in range(5)])

@@ -71,7 +71,7 @@ def outputs(model: object, batch: dict) -> list[np.ndarray]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(("family", "task"), CASES)
-async def test_finetune_from_a_family_checkpoint(shared_data, tmp_path, family, task):
+async def test_finetune_from_a_family_checkpoint(tmp_path, family, task):
     init = tmp_path / "init"  # the plain encoder a user would start from
     shutil.copytree(family_checkpoint(family, "embedding"), init)
     data, auto_class, (path, body) = HEADS[task]

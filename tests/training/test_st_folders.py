@@ -23,8 +23,6 @@ checkpoint = pytest.importorskip("training.checkpoint")
 export = pytest.importorskip("training.export")
 tokenizer = pytest.importorskip("training.tokenizer")
 
-pytestmark = pytest.mark.shared
-
 # Lengths 3 to 30 tokens in one batch: padding is where cls, mean and max pooling differ.
 TEXTS = [
     "Hi",

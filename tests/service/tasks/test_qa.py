@@ -67,6 +67,16 @@ def test_a_context_without_tokens_is_an_input_error(toy_tokenizer: Tokenizer, co
         qa.preprocess(toy_tokenizer, "where", context)
 
 
+@pytest.mark.parametrize("question", ["", "   ", "\n\x07"])
+def test_a_question_without_tokens_is_an_input_error(
+    toy_tokenizer: Tokenizer, question: str
+) -> None:
+    # the pipeline refuses the empty question ("`question` cannot be empty") as it does the
+    # empty context; one rule for both fields
+    with pytest.raises(InvalidInput, match="question is empty"):
+        qa.preprocess(toy_tokenizer, question, CONTEXT)
+
+
 def test_questions_and_strides_that_leave_no_room(toy_tokenizer: Tokenizer) -> None:
     question = " ".join(["is the cat sat"] * 5)  # 20 tokens
     with pytest.raises(
