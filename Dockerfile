@@ -14,6 +14,7 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/service.txt ./requirements/service.txt
+COPY heads ./heads
 COPY service ./service
 # Exactly one ONNX Runtime: cpu (onnxruntime) or gpu (onnxruntime-gpu). A build arg rather than
 # a separate stage, so that the classic builder (no BuildKit) never builds the CUDA one for CPU.

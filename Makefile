@@ -33,8 +33,8 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 install-dev: $(VENV)/.installed-dev  ## service + training + test tools
 
 test: install-dev  ## lint + the unit suite (minutes; what CI runs first)
-	$(BIN)/ruff check service training tests benchmarks .ci
-	$(BIN)/ruff format --check service training tests benchmarks .ci
+	$(BIN)/ruff check demo heads service training tests benchmarks .ci
+	$(BIN)/ruff format --check demo heads service training tests benchmarks .ci
 	$(BIN)/python -m pytest -q
 
 # As on a fresh clone without ../shared beside it (tests that need it skip; none may fail).
@@ -47,7 +47,7 @@ test-slow: install-dev  ## the slow-marked tests (real models end to end)
 
 models: install-dev  ## build the default model repository into ./models (MiniLM + demo heads)
 	@echo "[models] the default models in $(MODELS)/: building the missing ones (first time: about 2-4 min)"
-	$(BIN)/python -m training.default_models --out $(MODELS)
+	$(BIN)/python -m demo.models --out $(MODELS)
 
 # Ctrl-C (or SIGTERM to the service's process) drains and exits 0, and make with it; a SIGTERM
 # sent to make itself is reported by make as "Terminated" (README, "Two commands").
@@ -73,12 +73,12 @@ docker-down: docker-check  ## stop the compose services
 	docker compose down
 
 lint: install-dev  ## ruff lint + format check
-	$(BIN)/ruff check service training tests benchmarks .ci
-	$(BIN)/ruff format --check service training tests benchmarks .ci
+	$(BIN)/ruff check demo heads service training tests benchmarks .ci
+	$(BIN)/ruff format --check demo heads service training tests benchmarks .ci
 
 format:  ## ruff format + autofix
-	$(BIN)/ruff format service training tests benchmarks .ci
-	$(BIN)/ruff check --fix service training tests benchmarks .ci
+	$(BIN)/ruff format demo heads service training tests benchmarks .ci
+	$(BIN)/ruff check --fix demo heads service training tests benchmarks .ci
 
 audit: install-dev  ## pip-audit the pinned service dependencies (requirements/service.txt)
 	$(BIN)/python .ci/audit.py requirements/service.txt
@@ -90,7 +90,7 @@ lock:  ## re-pin requirements/service.txt from a fresh install of the service (n
 	build/lock-venv/bin/pip freeze --exclude-editable | grep -iv '^bert-heads' >> build/service.txt
 	mv build/service.txt requirements/service.txt
 
-typecheck: install-dev  ## mypy on service/
+typecheck: install-dev  ## mypy on heads/ and service/
 	$(BIN)/mypy
 
 clean:  ## remove the virtualenv and caches (not ./models)

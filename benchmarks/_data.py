@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.package import ModelPackage
-from service.rows import Sequence, load_tokenizer
-from service.tasks import classify, embed, ner, qa
+from heads.package import ModelPackage
+from heads.rows import Sequence, load_tokenizer
+from heads.tasks import classify, embed, ner, qa
 from training.data.classification import read_classification
 from training.data.squad import read_squad
 from training.data.token_classification import read_tagged

@@ -22,10 +22,10 @@ import numpy as np
 
 from benchmarks._data import SST2_LABELS, Item
 from benchmarks._engine import feeds_for, open_session
-from service.package import ModelPackage
+from heads.package import ModelPackage
+from heads.rows import Outputs, Sequence, load_tokenizer
+from heads.tasks import embed, qa
 from service.registry import sequence_outputs
-from service.rows import Outputs, Sequence, load_tokenizer
-from service.tasks import embed, qa
 from training.data.pairs import ScoredPair, read_pairs
 from training.metrics import spearman
 

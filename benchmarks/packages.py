@@ -32,6 +32,7 @@ import torch
 
 from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data
 from benchmarks._paths import write_results
+from heads.contract import MANIFEST
 from training.checkpoint import load_model, save_model
 from training.config import BertConfig
 from training.export import export_package
@@ -88,7 +89,7 @@ def build(name: str, out: Path, variants: list[str]) -> Path:
 
 def report_row(package: Path, wall: float) -> dict:
     """What the export of `package` cost and gave: time, sizes, parity, fused operators."""
-    manifest = json.loads((package / "package.json").read_text())
+    manifest = json.loads((package / MANIFEST).read_text())
     sizes = {v: (package / f).stat().st_size / 2**20 for v, f in manifest["variants"].items()}
     parity = {v: p for v, p in manifest["parity"].items() if isinstance(p, dict) and v in sizes}
     fusion = manifest["source"]["fusion"]["ops"]

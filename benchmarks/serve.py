@@ -44,7 +44,7 @@ import onnxruntime as ort
 
 from benchmarks import _engine, _load, _peer, _quality, _report, _server
 from benchmarks._data import ENDPOINTS, shared_data, workload
-from service.package import read_package
+from heads.package import read_package
 from service.settings import Settings
 
 SETTINGS = (  # the arguments recorded in the result

@@ -48,6 +48,7 @@ from benchmarks._cpu import CLASSES, PRELUDE, CpuSplit, ThreadMap
 from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data, texts
 from benchmarks._paths import write_results
 from benchmarks.serve import CpuMeter, cpu_name
+from heads.contract import MANIFEST
 
 ENDPOINT_TASKS = {
     "/classify": "classification",
@@ -93,7 +94,7 @@ def build_null(task: str, out: Path) -> Path:
     """A random 1-layer, hidden-32 BERT for `task` with MiniLM's tokenizer, exported into
     out/null-<task> (reused when already there); returns the package folder."""
     package = out / f"null-{task}"
-    if (package / "package.json").is_file():
+    if (package / MANIFEST).is_file():
         return package
     import torch
 
@@ -327,7 +328,7 @@ def run_table(args: argparse.Namespace, data: Path) -> list[dict[str, Any]]:
 def run_layouts(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     """Worker processes x ORT threads on one package (`--workers`, one port), single-input
     requests, all layouts up at once and measured in turn."""
-    from service.package import read_package
+    from heads.package import read_package
 
     package = args.layout_package or build_null("embedding", args.packages)
     task = read_package(package).task

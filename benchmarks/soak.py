@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks._paths import write_results
 from benchmarks._server import REPO, Server, _wait_ready, free_port
 from benchmarks._traffic import INFERENCE, PROBES, assert_same, percentile
+from heads.contract import MANIFEST
 
 TINY = {
     "classification": "tiny-classify",
@@ -156,7 +157,7 @@ def verdict(slices: list[Slice], final_depth: float) -> dict[str, Any]:
 
 
 def tiny_model_dir(root: Path) -> Path:
-    from tests.packages import build_tiny_package  # torch: only for --tiny
+    from benchmarks.tiny import build_tiny_package  # torch: only for --tiny
 
     for task, name in TINY.items():
         build_tiny_package(root / name, task, name=name)
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         server = Server(process, f"http://127.0.0.1:{port}", log)
         try:
             _wait_ready(server, timeout=300)
-            packages = sorted(p.name for p in model_dir.iterdir() if (p / "package.json").is_file())
+            packages = sorted(p.name for p in model_dir.iterdir() if (p / MANIFEST).is_file())
             start = time.perf_counter()
             slices = asyncio.run(
                 drive(server.base_url, process.pid, args.requests, args.concurrency, args.slice)

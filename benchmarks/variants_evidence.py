@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from heads.contract import MANIFEST
+
 REPO = Path(__file__).resolve().parents[1]
 
 from benchmarks import _engine, _load, _server  # noqa: E402
@@ -55,7 +57,7 @@ from benchmarks.pretrain_evidence import (  # noqa: E402
     hardware,
     random_init,
 )
-from service.package import read_package  # noqa: E402
+from heads.package import read_package  # noqa: E402
 from training.distill import DistillArgs, distill  # noqa: E402
 from training.export import export_package  # noqa: E402
 from training.finetune import FinetuneArgs, FinetuneResult, finetune  # noqa: E402
@@ -239,7 +241,7 @@ def _finished_run(out: Path, task: str) -> Any:
     """An earlier training.finetune run folder, as finetune() would have returned it."""
     summary = json.loads((out / "metrics.json").read_text())
     package = out / "package"
-    if not (package / "package.json").is_file():  # the throughput needs the served package
+    if not (package / MANIFEST).is_file():  # the throughput needs the served package
         export_package(out / "best", task, package)
     return FinetuneResult(
         out=out,

@@ -1,6 +1,6 @@
 """Token-budget dynamic batching per model, admission control, deadlines.
 
-Requests arrive as `Job`s (service.tasks): texts plus what to do with them. One worker task per
+Requests arrive as `Job`s (heads.tasks): texts plus what to do with them. One worker task per
 model, in a loop:
 
 1. encode the texts of every job that arrived since its last look in one `encode_batch` call
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from heads.rows import InvalidInput, Outputs, Sequence, pad
+from heads.tasks import Job
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import ModelMetrics
-from service.rows import InvalidInput, Outputs, Sequence, pad
 from service.runtime import Backend
-from service.tasks import Job
 
 __all__ = ["Admission", "Batcher", "grow_batch", "next_batch", "pad"]
 

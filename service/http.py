@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from heads.rows import InvalidInput
 from service.errors import ServiceError
 from service.metrics import INFERENCE_ENDPOINTS, Metrics
-from service.rows import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -19,20 +19,20 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from multiprocessing.sharedctypes import SynchronizedArray
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
+from heads.contract import OUTPUT_NAMES
+from heads.package import ModelPackage, find_packages, read_package
+from heads.rows import encode, load_tokenizer, row, template
 from service.batcher import Admission, Batcher, pad
-from service.contract import OUTPUT_NAMES
 from service.errors import InputError, ModelNotFound, NotReady
 from service.metrics import Metrics
-from service.package import ModelPackage, find_packages, read_package
-from service.rows import encode, load_tokenizer, row, template
 from service.runtime import Backend, open_backend, warm_up
 from service.settings import Settings
-from service.workers import LoadFlags
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,20 @@ def sequence_outputs(package: ModelPackage) -> frozenset[str]:
         for o in package.outputs
         if len(o.get("shape", [])) > 1 and o["shape"][1] == "sequence"
     )
+
+
+@dataclass
+class LoadFlags:
+    """One byte per worker, shared: set once that worker has tried all its packages."""
+
+    flags: SynchronizedArray[Any]
+    index: int
+
+    def mark_loaded(self) -> None:
+        self.flags[self.index] = 1
+
+    def all_loaded(self) -> bool:
+        return all(self.flags[:])
 
 
 class Registry:

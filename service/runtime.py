@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 if TYPE_CHECKING:
-    from service.package import ModelPackage
+    from heads.package import ModelPackage
     from service.settings import Settings
 
 log = logging.getLogger(__name__)

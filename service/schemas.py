@@ -9,7 +9,7 @@ Texts:
 - any Unicode string, control characters included (the tokenizer drops them; NER offsets still
   index the original text). The empty or whitespace-only text is served as the empty sequence
   `[CLS] [SEP]` (no entities for NER), as the pipelines do; but an empty or whitespace-only QA
-  `question` or `context` is a 422, as the pipeline refuses both (service.tasks.qa);
+  `question` or `context` is a 422, as the pipeline refuses both (heads.tasks.qa);
 - a lone UTF-16 surrogate (JSON "\\ud800" without its pair) is not Unicode text: 422;
 - a non-string where a text belongs, or an empty list: 422;
 - more inputs than max_client_batch_size, or a text longer than max_text_chars: 413, like any

@@ -5,7 +5,7 @@ the tokenizers pool hold threads a fork would copy half-alive). Each child runs 
 service — its own event loop, its own sessions, intra_op_threads = its share of the cores
 unless set — and accepts from the shared socket, so the kernel hands each connection to
 whichever child is free. Why not uvicorn's own `workers`: its children run a plain
-`uvicorn.Server`, without the /ready-503-on-SIGTERM drain of `service.__main__`, and settings
+`uvicorn.Server`, without the /ready-503-on-SIGTERM drain of `service.server`, and settings
 given as flags would not reach them.
 
 - /ready says `loading` until every worker has tried its packages (a shared flag per worker),
@@ -29,29 +29,13 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
-from multiprocessing.sharedctypes import SynchronizedArray
 from types import FrameType
-from typing import Any
 
+from service.registry import LoadFlags
 from service.settings import Settings
 
 log = logging.getLogger("service.workers")
 POLL_SECONDS = 0.2
-
-
-@dataclass
-class LoadFlags:
-    """One byte per worker, shared: set once that worker has tried all its packages."""
-
-    flags: SynchronizedArray[Any]
-    index: int
-
-    def mark_loaded(self) -> None:
-        self.flags[self.index] = 1
-
-    def all_loaded(self) -> bool:
-        return all(self.flags[:])
 
 
 def share_of_cores(workers: int) -> int:
@@ -71,7 +55,7 @@ def bind(settings: Settings) -> socket.socket:
 
 
 def _worker(settings: Settings, sock: socket.socket, flags: LoadFlags) -> None:
-    from service.__main__ import serve
+    from service.server import serve
 
     serve(settings, sockets=[sock], load_flags=flags)
 

@@ -49,7 +49,8 @@ def _code_hash() -> str:
     import torch
 
     h = hashlib.sha256(f"{torch.__version__} {onnxruntime.__version__}".encode())
-    for path in sorted((*REPO.glob("training/**/*.py"), *REPO.glob("service/**/*.py"))):
+    code = ("demo", "heads", "service", "training")
+    for path in sorted(p for d in code for p in REPO.glob(f"{d}/**/*.py")):
         h.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -61,7 +62,7 @@ def demo_models(minilm_path: Path) -> Path:
     in build/demo-models/<hash of the training and service code and library versions>, so the
     suite pays once per change to the code that makes them."""
     pytest.importorskip("torch")
-    from training.default_models import DEMO_HEADS, build
+    from demo.models import DEMO_HEADS, build
 
     cache = REPO / "build" / "demo-models"
     out = cache / _code_hash()

@@ -61,8 +61,8 @@ def training_lines() -> list[str]:
     examples/data, and the demo heads' generated sentiment, NER and QA text (seeded), ~1 MB."""
     import random
 
-    from training.data.demo import ner_examples, sentiment_examples
-    from training.data.demo_qa import qa_examples
+    from demo.data import ner_examples, sentiment_examples
+    from demo.qa_data import qa_examples
 
     lines = []
     for path in sorted((EXAMPLES / "corpus").glob("*.txt")):

@@ -11,8 +11,8 @@ import pytest
 
 from benchmarks import server_cost
 from benchmarks._cpu import CLASSES
+from benchmarks.tiny import build_tiny_package
 from service import schemas
-from tests.packages import build_tiny_package
 
 SCHEMAS = {
     "/classify": schemas.ClassifyRequest,
@@ -106,8 +106,8 @@ def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_
     import numpy as np
 
     from benchmarks._engine import _batches
+    from heads.rows import Sequence
     from service.batcher import CPU_PAD_LIMIT
-    from service.rows import Sequence
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 60, size=100)

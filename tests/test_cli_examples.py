@@ -1,12 +1,12 @@
-"""Every example a training command's `--help` shows runs as written on a fresh clone: in one
+"""Every example a command's `--help` shows (training.*, demo.*) runs as written on a fresh clone: in one
 empty folder holding only examples/ (the data the repository ships), in the order a user would
 follow them (pretrain -> fine-tune -> export -> evaluate -> distill), each one's output the
 next one's input. Only the step count changes (STEPS): the examples ask for 300 pretraining
 steps, the test for two.
 
 The floor test's build of the demo heads (tests/conftest.py `demo_models`) is linked into
-models/, as `make models` would have left it: `training.demo_checks`' example reads
-models/demo-ner, and `training.default_models --out models` builds only what is missing
+models/, as `make models` would have left it: `demo.checks`' example reads
+models/demo-ner, and `demo.models --out models` builds only what is missing
 (minilm-embedding; the demo heads' build is the floor test's). `python -m service --help`'s example
 is `make serve`'s command, run by CI's Docker stage and tests/test_readme.py's servers.
 """
@@ -27,14 +27,14 @@ pytest.importorskip("torch")
 
 # In the order their examples build on each other.
 COMMANDS = [
-    "training.data.demo",
+    "demo.data",
     "training.pretrain",
     "training.finetune",
     "training.export",
     "training.evaluate",
     "training.distill",
-    "training.default_models",
-    "training.demo_checks",
+    "demo.models",
+    "demo.checks",
 ]
 STEPS = (re.compile(r"--steps \d+"), "--steps 2")
 

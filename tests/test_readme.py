@@ -39,7 +39,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-DEFAULT_PACKAGES = {  # what `make models` builds (training/default_models.py)
+DEFAULT_PACKAGES = {  # what `make models` builds (demo/models.py)
     "demo-sentiment": "classification",
     "demo-ner": "token-classification",
     "demo-qa": "question-answering",
@@ -310,7 +310,7 @@ def test_curl_parsing_handles_continuations_and_bodies():
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
     get 4 layers and --hidden-states, for the README's feature-based example."""
-    packages = pytest.importorskip("tests.packages")
+    packages = pytest.importorskip("benchmarks.tiny")
     from training.config import BertConfig
     from training.export import export_package
     from training.model import HEADS

@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from service.contract import POOLINGS
+from heads.contract import POOLINGS
 from training import layouts
 from training.config import BertConfig, ConfigError
 from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.contract import HF_PROBLEM_TYPES, POOLINGS
+from heads.contract import HF_PROBLEM_TYPES, POOLINGS
 
 # (layers, hidden): Turc et al. 2019, "Well-Read Students Learn Better" (tiny..medium) and
 # Devlin et al. 2018 (base, large). Heads = hidden / 64, FFN = 4 * hidden, as in both papers.

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from heads.contract import INPUT_NAMES, TASKS
 from training import finetune as ft
 from training.checkpoint import load_model
 from training.cli import make_parser, option
@@ -45,8 +46,8 @@ from training.evaluate import make_evaluator, torch_runner
 from training.model import HEADS
 from training.tokenizer import load_tokenizer
 
-TASKS = ("classification", "token-classification", "question-answering")
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# The heads whose logits a student can learn from (an embedding package has none).
+DISTILLED_TASKS = tuple(t for t in TASKS if t != "embedding")
 
 
 # --- the student ----------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class TripleLoss:
         if next(self.teacher.parameters()).device != device:
             self.teacher.to(device)
         with torch.no_grad():
-            t_out, t_hidden = forward_with_hidden(self.teacher, {k: batch[k] for k in INPUTS})
+            t_out, t_hidden = forward_with_hidden(self.teacher, {k: batch[k] for k in INPUT_NAMES})
         s_out, s_hidden = forward_with_hidden(student, batch)
         T = self.temperature
         if task == "classification":
@@ -166,7 +167,7 @@ class DistillArgs(ft.FinetuneArgs):
     examples/research_projects/distillation: --alpha_ce 5.0 --alpha_mlm 2.0 --alpha_cos 1.0,
     temperature 2.0), the task loss in the MLM loss's place."""
 
-    task: str = option(None, "the teacher's head, which the student keeps", choices=TASKS, required=True)  # fmt: skip
+    task: str = option(None, "the teacher's head, which the student keeps", choices=DISTILLED_TASKS, required=True)  # fmt: skip
     teacher: str = option(None, "fine-tuned checkpoint to distil (finetune's best/)", required=True)  # fmt: skip
     student_layers: int = option(None, "layers of the student (e.g. 3 of 6)", required=True)
     teacher_layers: str | None = option(None, "teacher layers to start from (default 0,2,4,...)")
@@ -202,8 +203,8 @@ def parse_args(argv: list[str] | None = None) -> DistillArgs:
 def distill(args: DistillArgs) -> ft.FinetuneResult:
     """Build the student from args.teacher, train it on the triple loss, and record the
     teacher's evaluation next to the student's."""
-    if args.task not in TASKS:
-        raise ValueError(f"distillation is for {', '.join(TASKS)}, not {args.task!r}")
+    if args.task not in DISTILLED_TASKS:
+        raise ValueError(f"distillation is for {', '.join(DISTILLED_TASKS)}, not {args.task!r}")
     if args.temperature <= 0:
         raise ValueError(f"--temperature must be positive, not {args.temperature}")
     teacher = load_model(args.teacher, task=args.task)

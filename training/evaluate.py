@@ -11,7 +11,7 @@ for anchor/positive pairs, recall@1 of each anchor's positive among all positive
 
 A PyTorch model and an ONNX Runtime session run through the same code (`Runner`: padded
 numpy feeds in, outputs out), and question answering decodes spans with the service's
-`service.tasks.qa.postprocess`, so the figures are those of the answers the service gives.
+`heads.tasks.qa.postprocess`, so the figures are those of the answers the service gives.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from tokenizers import Tokenizer
 from torch import nn
 from tqdm.auto import tqdm
 
-from service.contract import OUTPUT_NAMES as TASK_OUTPUTS
-from service.contract import TASKS
-from service.rows import Outputs, Sequence, encode_texts
-from service.rows import pad as pad_sequences
-from service.tasks import qa
+from heads.contract import OUTPUT_NAMES as TASK_OUTPUTS
+from heads.contract import TASKS
+from heads.rows import Outputs, Sequence, encode_texts
+from heads.rows import pad as pad_sequences
+from heads.tasks import qa
 from training.cli import option, parse
 from training.config import DEFAULT_MAX_SEQ_LENGTH, DOC_STRIDE, MAX_ANSWER_LENGTH
 from training.data.batch import IGNORE
@@ -70,11 +70,11 @@ def torch_runner(model: nn.Module, precision: str = "fp32") -> Runner:
 
 def onnx_runner(package_dir: str | Path, variant: str = "fp32") -> tuple[Runner, Any]:
     """(runner, ModelPackage) for an exported package, on ONNX Runtime's CPU provider."""
-    from service.package import read_package
-    from service.runtime import CPU, OrtBackend
+    from heads.package import read_package
+    from training.export import onnx_run
 
     package = read_package(Path(package_dir))
-    return OrtBackend(package.variant_path(variant), [CPU]).run, package
+    return onnx_run(package.variant_path(variant)), package
 
 
 def run_rows(
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: give --package, or --checkpoint with --task", file=sys.stderr)
         return 2
     if args.package:
-        from service.rows import load_tokenizer as load_package_tokenizer
+        from heads.rows import load_tokenizer as load_package_tokenizer
 
         runner, package = onnx_runner(args.package, args.variant)
         task, labels = args.task or package.task, package.labels

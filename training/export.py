@@ -1,4 +1,4 @@
-"""Export a checkpoint as a model package the service loads (see `service/package.py`).
+"""Export a checkpoint as a model package the service loads (see `heads/package.py`).
 
     python -m training.export --checkpoint runs/sst2 --task classification --out models/sst2
     python -m training.export --task embedding --out models/minilm --variants fp32,int8,fp16 \\
@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,17 +57,18 @@ import torch
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from service.contract import (
+from heads.contract import (
     HF_PROBLEM_TYPES,
     HIDDEN_STATE_OUTPUTS,
     INPUT_NAMES,
+    MANIFEST,
     OUTPUT_NAMES,
     POOLINGS,
     TASKS,
     VARIANT_FILES,
 )
-from service.package import ModelPackage, write_package
-from service.rows import pad, prepare_tokenizer, row, template
+from heads.package import ModelPackage, write_package
+from heads.rows import pad, prepare_tokenizer, row, template
 from training.checkpoint import (
     CheckpointError,
     load_model,
@@ -178,7 +179,7 @@ def probe_batches(
     tokenizer: Tokenizer, vocab_size: int, max_seq_length: int, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
     """Padded batches as the service builds them: pairs in the family's own layout
-    (`service.rows.template`: [CLS] a [SEP] b [SEP] or <s> a </s></s> b </s>), rows of
+    (`heads.rows.template`: [CLS] a [SEP] b [SEP] or <s> a </s></s> b </s>), rows of
     different lengths, random non-special token ids, padded with the family's pad id."""
     rng = np.random.default_rng(seed)
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -209,15 +210,13 @@ def compare(
     path: Path, batches: list[dict[str, np.ndarray]], refs: list[list[np.ndarray]], task: str
 ) -> dict[str, Any]:
     """Max abs diff per output over all probes (and the worst row cosine for embeddings)."""
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]  # the head's, in its order
-    inputs = graph_inputs(path)
-    diffs = dict.fromkeys(names, 0.0)
+    run = onnx_run(path)
+    diffs: dict[str, float] = {}
     cosine = 1.0
     for batch, ref in zip(batches, refs, strict=True):
-        got = session.run(list(names), {n: batch[n] for n in inputs})
-        for name, g, r in zip(names, got, ref, strict=True):
-            diffs[name] = max(diffs[name], float(np.abs(g.astype(np.float32) - r).max()))
+        got = run(batch)  # the head's outputs, in its order
+        for (name, g), r in zip(got.items(), ref, strict=True):
+            diffs[name] = max(diffs.get(name, 0.0), float(np.abs(g.astype(np.float32) - r).max()))
             if name == "embeddings":
                 g, r = g.astype(np.float64), r.astype(np.float64)
                 cos = (g * r).sum(-1) / (np.linalg.norm(g, axis=-1) * np.linalg.norm(r, axis=-1))
@@ -226,6 +225,20 @@ def compare(
     if task == "embedding":
         result["min_cosine"] = cosine
     return result
+
+
+def onnx_run(path: Path) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A CPU session on the graph at `path`, as a function: padded int64 feeds (the inputs the
+    graph kept are taken from them) -> output name -> float32 array, in the graph's order."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    inputs = graph_inputs(path)
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = session.run(names, {n: feeds[n] for n in inputs})
+        return {n: g.astype(np.float32, copy=False) for n, g in zip(names, got, strict=True)}
+
+    return run
 
 
 def graph_inputs(path: Path) -> list[str]:
@@ -627,7 +640,7 @@ def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dic
 def _check_replaceable(out_dir: Path) -> None:
     """Only ever replace a package or an empty folder: --out models/ by mistake must not
     delete every model."""
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "package.json").is_file():
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
         raise ExportError(f"{out_dir}: exists and is not a model package; not overwriting it")
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from service.contract import POOLED_TASKS, POOLINGS
+from heads.contract import POOLED_TASKS, POOLINGS
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.cli import as_args, option, parse
 from training.config import (
@@ -54,7 +54,7 @@ from training.data.tasks import training_rows
 from training.evaluate import TASKS, Evaluator, make_evaluator, torch_runner
 from training.model import contrastive_loss
 from training.tokenizer import TokenizerError, load_tokenizer
-from training.trainer import DTYPES, Dist, Loop, Trainer, resolve_precision
+from training.trainer import DTYPES, Dist, LoopConfig, Trainer, resolve_precision
 
 LABELLED = ("classification", "token-classification")
 
@@ -263,7 +263,7 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         summary(final=now)
         return metrics
 
-    loop = Loop.from_args(
+    loop = LoopConfig.from_args(
         args, steps=total, warmup=int(args.warmup_ratio * total), decay_from_warmup=True,
         eval_each_epoch=True, save_after_eval=True, desc=args.task,
     )  # fmt: skip

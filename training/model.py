@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from service.contract import POOLINGS
+from heads.contract import POOLINGS
 from training.config import FEATURES, BertConfig
 
 ACT = {

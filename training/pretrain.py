@@ -46,7 +46,7 @@ from training.data.corpus import (
 from training.data.pretraining import MASKED_LM_PROB, OBJECTIVES, SHORT_SEQ_PROB, PretrainingStream
 from training.model import BertForPreTraining
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, train_tokenizer
-from training.trainer import PRECISIONS, Dist, Loop, Trainer, autocast
+from training.trainer import PRECISIONS, Dist, LoopConfig, Trainer, autocast
 
 H100_BF16_TFLOPS = 989.5  # dense bf16 peak of an H100 SXM (NVIDIA H100 datasheet; 1979 sparse)
 EVAL_SEED = 20181011  # fixed: every evaluation sees the same pairs and the same masks
@@ -356,7 +356,7 @@ def _pretrain(args: PretrainArgs, d: Dist) -> dict[str, Any]:
         f"| {args.batch_size * args.grad_accum * d.world} sequences of <= {args.max_seq_length} "
         f"tokens a step ({args.batch_size} x {args.grad_accum} accumulated x {d.world} processes)"
     )
-    loop = Loop.from_args(args, eval_at_start=True, progress=not args.no_progress)
+    loop = LoopConfig.from_args(args, eval_at_start=True, progress=not args.no_progress)
     trainer = Trainer(
         d,
         model,

@@ -1,7 +1,7 @@
 """The one training loop: `training.pretrain`, `training.finetune` and `training.distill` are
 recipes on it.
 
-    trainer = Trainer(dist, model, batches, loss, Loop(lr=5e-5, steps=1000, warmup=100),
+    trainer = Trainer(dist, model, batches, loss, LoopConfig(lr=5e-5, steps=1000, warmup=100),
                       out=Path("runs/x"), checkpoint=Path("runs/x/last"), write_model=save)
     trainer.start(Trainer.load_state(trainer.checkpoint))   # None: a fresh run
     finished = trainer.fit()
@@ -94,7 +94,7 @@ class Dist:
         if self.world > 1:
             dist.barrier()
 
-    def agree(self, value: float) -> float:
+    def max_over_ranks(self, value: float) -> float:
         """The largest of every rank's value (the value itself on one process)."""
         if self.world == 1:
             return value
@@ -141,7 +141,7 @@ def get_lr(
 
 
 @dataclass
-class Loop:
+class LoopConfig:
     """What the loop does and when. steps or time_budget (seconds of training) ends it."""
 
     lr: float
@@ -167,7 +167,7 @@ class Loop:
     peak_tflops: float | None = None  # the accelerator's peak: MFU on GPUs
 
     @classmethod
-    def from_args(cls, args: Any, **overrides: Any) -> Loop:
+    def from_args(cls, args: Any, **overrides: Any) -> LoopConfig:
         """The fields a recipe's arguments name alike (lr, steps, grad_accum, ...), then
         `overrides`."""
         names = {f.name for f in dataclasses.fields(cls)} - set(overrides)
@@ -323,7 +323,7 @@ class Trainer:
         model: nn.Module,
         data: Batches,
         loss: LossFn,
-        loop: Loop,
+        loop: LoopConfig,
         *,
         out: Path,
         checkpoint: Path,
@@ -461,11 +461,11 @@ class Trainer:
         with StopRequest() as stop:
             while True:
                 if loop.time_budget is not None:  # every rank must see the budget end together
-                    self.elapsed = d.agree(self.elapsed)
+                    self.elapsed = d.max_over_ranks(self.elapsed)
                 if self.done() or (loop.stop_at is not None and self.step >= loop.stop_at):
                     break
                 # With DDP every rank must agree to stop; asking costs a sync, so not every step.
-                if (d.world == 1 or self.step % loop.log_every == 0) and d.agree(
+                if (d.world == 1 or self.step % loop.log_every == 0) and d.max_over_ranks(
                     float(stop.requested)
                 ):
                     d.log(f"stopping at step {self.step} on request")

@@ -1,6 +1,6 @@
 """HTTP routes, one APIRouter per resource. An inference route picks the model, builds the
 task's `Job` from the request, awaits its answer once, and shapes it; windows, strides, output
-names and features live in service.tasks, the request path in service.routes.inference.
+names and features live in heads.tasks, the request path in service.routes.inference.
 
 The order of ROUTERS is the order of the OpenAPI page.
 """

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from service.routes._shape import ERRORS, answer, sizes
+from heads.tasks import classify
+from service.routes.answers import ERRORS, answer, sizes
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import ClassifyRequest, ClassifyResponse
-from service.tasks import classify
 
 router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 

@@ -8,8 +8,9 @@ import base64
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from heads.tasks import embed
 from service.errors import InputError
-from service.routes._shape import ERRORS, as_list, json_response, sizes
+from service.routes.answers import ERRORS, as_list, json_response, sizes
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import (
     EmbedRequest,
@@ -17,7 +18,6 @@ from service.schemas import (
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
 )
-from service.tasks import embed
 
 router = APIRouter(tags=["embeddings"], route_class=InferenceRoute)
 

@@ -30,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from heads.rows import InvalidInput
+from heads.tasks import Job
 from service.errors import PayloadTooLarge, ServiceError
 from service.http import (
     ClientGone,
@@ -41,8 +43,6 @@ from service.http import (
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
 from service.routes.deps import require_api_key
-from service.rows import InvalidInput
-from service.tasks import Job
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.routes._shape import ERRORS
+from service.routes.answers import ERRORS
 from service.routes.deps import RegistryDep, SettingsDep, require_api_key
 
 router = APIRouter(tags=["metrics"])

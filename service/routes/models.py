@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from heads.tasks import embed
 from service.registry import Entry
-from service.routes._shape import ERRORS
+from service.routes.answers import ERRORS
 from service.routes.deps import ApiKey, RegistryDep
 from service.schemas import Limits, ModelInfo, ModelsResponse
-from service.tasks import embed
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
 

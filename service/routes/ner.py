@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from service.routes._shape import ERRORS, answer, as_list, sizes
+from heads.tasks import ner
+from service.routes.answers import ERRORS, answer, as_list, sizes
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import NerRequest, NerResponse
-from service.tasks import ner
 
 router = APIRouter(tags=["token classification"], route_class=InferenceRoute)
 

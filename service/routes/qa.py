@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from service.routes._shape import ERRORS, answer, sizes
+from heads.tasks import qa
+from service.routes.answers import ERRORS, answer, sizes
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import QaRequest, QaResponse
-from service.tasks import qa
 
 router = APIRouter(tags=["question answering"], route_class=InferenceRoute)
 

@@ -1,7 +1,7 @@
 """Fixtures for the service tests: real tiny model packages, an app with its lifespan running
 behind an httpx client, and a real uvicorn server on a free loopback port.
 
-Packages come from `make_package` alone, which wraps tests.packages: a tiny random-weight
+Packages come from `make_package` alone, which wraps benchmarks.tiny: a tiny random-weight
 encoder exported by the real training.export with a toy vocabulary, so these tests need neither
 ../shared nor a download. Each task is exported once per session and copied per test.
 """
@@ -26,8 +26,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from heads.package import write_package
 from service.app import create_app
-from service.package import write_package
 from service.runtime import Backend
 from service.settings import Settings
 
@@ -47,12 +47,12 @@ def make_package(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
 
     `manifest` overrides package.json fields (sha256 is recomputed), e.g. prefer={...}.
     """
-    packages = pytest.importorskip("tests.packages")  # needs torch: dev installs only
+    packages = pytest.importorskip("benchmarks.tiny")  # needs torch: dev installs only
 
     def make(tmp_dir: Path, task: str, name: str | None = None, **manifest: Any) -> Path:
         out = Path(tmp_dir) / (name or NAMES[task])
         variants = ("fp32", "int8") if task == "classification" else ("fp32",)
-        # The same export for every name (tests.packages caches it): renaming only rewrites
+        # The same export for every name (benchmarks.tiny caches it): renaming only rewrites
         # package.json.
         packages.build_tiny_package(
             out, task, name=NAMES[task], max_seq_length=MAX_SEQ_LENGTH, variants=variants

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.tiny import DEFAULT_LABELS
 from service.settings import Settings
-from tests.packages import DEFAULT_LABELS
 from tests.service.conftest import Service, serve
 
 NER_LABELS = DEFAULT_LABELS["token-classification"]

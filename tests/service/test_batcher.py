@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from heads.rows import Outputs, Sequence
 from service.batcher import INLINE_CHARS, Admission, Batcher, grow_batch, next_batch, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.metrics import Metrics
-from service.rows import Outputs, Sequence
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from service.settings import Settings
 from tests.service.conftest import MAX_SEQ_LENGTH, Service, serve
 
 torch = pytest.importorskip("torch")  # the reference is the PyTorch model: dev installs only
-packages = pytest.importorskip("tests.packages")
+packages = pytest.importorskip("benchmarks.tiny")
 
 pytestmark = pytest.mark.anyio
 

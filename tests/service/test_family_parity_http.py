@@ -19,15 +19,15 @@ import pytest
 
 from service.settings import Settings
 from tests.families import FAMILIES, family_checkpoint, family_package
-from tests.service.conftest import Service, serve
-from tests.service.tasks.conftest import (  # noqa: F401 (fixtures, used by name)
+from tests.heads.tasks.conftest import (  # noqa: F401 (fixtures, used by name)
     _one_torch_thread,
     conll_sentences,
     squad_pairs,
     sst2_sentences,
 )
-from tests.service.tasks.test_ner import STRATEGIES, UNICODE_TEXTS
-from tests.service.tasks.test_qa import UNICODE_PAIRS
+from tests.heads.tasks.test_ner import STRATEGIES, UNICODE_TEXTS
+from tests.heads.tasks.test_qa import UNICODE_PAIRS
+from tests.service.conftest import Service, serve
 
 pytestmark = [pytest.mark.shared, pytest.mark.anyio]
 

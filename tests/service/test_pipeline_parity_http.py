@@ -1,6 +1,6 @@
 """The served answers are transformers pipelines' answers, end to end over HTTP.
 
-tests/service/tasks compare the pipelines with our pre/post steps fed by a torch forward pass;
+tests/heads/tasks compare the pipelines with our pre/post steps fed by a torch forward pass;
 here the whole chain is under test: a tiny random transformers model and its tokenizer are
 saved as a checkpoint folder, training.export turns that folder into a package, the real app
 serves the package (ONNX Runtime, batching with padding, JSON), and the pipeline loads the
@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from service.settings import Settings
-from tests.service.conftest import Service, serve
-from tests.service.tasks.conftest import (  # noqa: F401 (fixtures, used by name)
+from tests.heads.tasks.conftest import (  # noqa: F401 (fixtures, used by name)
     NER_LABELS,
     _one_torch_thread,
     conll_sentences,
@@ -28,8 +27,9 @@ from tests.service.tasks.conftest import (  # noqa: F401 (fixtures, used by name
     tiny_model,
     uncased_vocab,
 )
-from tests.service.tasks.test_ner import STRATEGIES, UNICODE_TEXTS
-from tests.service.tasks.test_qa import UNICODE_PAIRS
+from tests.heads.tasks.test_ner import STRATEGIES, UNICODE_TEXTS
+from tests.heads.tasks.test_qa import UNICODE_PAIRS
+from tests.service.conftest import Service, serve
 
 pytestmark = [pytest.mark.shared, pytest.mark.anyio]
 

@@ -9,9 +9,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from heads.package import read_package
+from heads.rows import Sequence, pad
 from service import runtime
-from service.package import read_package
-from service.rows import Sequence, pad
 from service.runtime import choose_variant, open_backend, warm_up
 from service.settings import Settings
 

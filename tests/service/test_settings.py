@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from service.__main__ import _Server, build_parser, parse_settings
+from service.__main__ import build_parser, parse_settings
 from service.app import create_app
+from service.server import DrainingServer
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_the_factory_reads_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_sigterm_turns_ready_to_503_at_once() -> None:
     app = create_app(Settings())
-    server = _Server(uvicorn.Config(app), app.state.registry, drain_timeout=1.0)
+    server = DrainingServer(uvicorn.Config(app), app.state.registry, drain_timeout=1.0)
     server.handle_exit(signal.SIGTERM, None)
     assert app.state.registry.readiness() == (False, "draining")
     assert server.should_exit and not server.force_exit

@@ -11,7 +11,7 @@ balancer) and one long request is in flight. What each request gets is counted:
   listening socket closes (0-5 a run here, with six clients reconnecting as fast as they can);
   the kernel resets them, and no server that closes its socket can answer them. In Kubernetes
   the preStop pause takes the pod out of the endpoints before SIGTERM, so none arrive then.
-  (Before `_Server.shutdown` waited SETTLE_SECONDS, uvicorn also closed connections it had
+  (Before `DrainingServer.shutdown` waited SETTLE_SECONDS, uvicorn also closed connections it had
   accepted whose request it had not parsed yet: about one request lost per shutdown here.)
 
 /ready answers 503 `draining` from the signal on, and the socket stays open while a request is

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from service.contract import INPUT_NAMES
-from tests.packages import tiny_tokenizer
+from benchmarks.tiny import tiny_tokenizer
+from heads.contract import INPUT_NAMES
 from tests.training.conftest import TINY
 from training import albert_layout
 from training.checkpoint import load_model, save_model

@@ -1,6 +1,6 @@
 """training.export: every head becomes a package whose ONNX graphs compute what PyTorch does.
 
-Tiny random models (tests/packages.py) for every task and variant; the real
+Tiny random models (benchmarks/tiny.py) for every task and variant; the real
 all-MiniLM-L6-v2 against sentence-transformers on SST-2 sentences.
 """
 
@@ -15,16 +15,16 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from service.contract import OUTPUT_NAMES
-from service.package import ModelPackage, read_package
-from tests.packages import build_tiny_package, tiny_model, tiny_tokenizer
+from benchmarks.tiny import build_tiny_package, tiny_model, tiny_tokenizer
+from heads.contract import OUTPUT_NAMES
+from heads.package import ModelPackage, read_package
 from training import export
 from training.export import ExportError, export_package, main
 from training.model import BertSelfAttention, set_attention_implementation
 
 TASKS = list(OUTPUT_NAMES)
 VARIANTS = ("fp32", "int8", "fp16")
-LAYERS = 2  # the tiny model's depth (tests/packages.py)
+LAYERS = 2  # the tiny model's depth (benchmarks/tiny.py)
 # all-MiniLM-L6-v2 int8 (training.export.INT8_OPS) against fp32, measured on AVX-512 VNNI:
 # worst cosine 0.982 on these 64 SST-2 dev sentences (0.970 over all 872), mean 0.990.
 MINILM_INT8_MIN_COSINE = 0.97
@@ -330,8 +330,8 @@ def test_minilm_package_matches_sentence_transformers(
     minilm_package: ModelPackage, minilm_path: Path, shared_data: Path
 ) -> None:
     st = pytest.importorskip("sentence_transformers")
-    from service.rows import load_tokenizer, pad
-    from service.tasks import embed
+    from heads.rows import load_tokenizer, pad
+    from heads.tasks import embed
 
     pkg = minilm_package
     assert (pkg.pooling, pkg.normalize, pkg.max_seq_length, pkg.do_lower_case) == (

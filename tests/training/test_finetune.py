@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from service.package import read_package
+from heads.package import read_package
 from tests.training.tiny import tiny_bert_config, tiny_init, tiny_tokenizer
 from training import evaluate
 from training import finetune as ft

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from training.plots import read_log
-from training.trainer import Dist, Loop, Trainer, get_lr
+from training.trainer import Dist, LoopConfig, Trainer, get_lr
 
 
 class Regression:
@@ -56,7 +56,7 @@ def trainer(model: nn.Module, out: Path, loss=mse, data=None, **loop) -> Trainer
         model,
         data or Regression(),
         loss,
-        Loop(**(settings | loop)),
+        LoopConfig(**(settings | loop)),
         out=out,
         checkpoint=out / "last",
         write_model=lambda folder: torch.save(model.state_dict(), folder / "model.pt"),

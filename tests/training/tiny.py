@@ -1,5 +1,5 @@
 """A tiny encoder for the fine-tuning tests that do not need ../shared, on the one tiny
-vocabulary of the tests (tests.packages.tiny_tokenizer: any English sentence tokenizes)."""
+vocabulary of the tests (benchmarks.tiny.tiny_tokenizer: any English sentence tokenizes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from tests.packages import tiny_tokenizer
+from benchmarks.tiny import tiny_tokenizer
 from training.checkpoint import save_model
 from training.config import BertConfig
 from training.model import BertForEmbedding

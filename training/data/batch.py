@@ -1,6 +1,6 @@
 """Dynamic padding: a list of model rows -> one batch of tensors, padded to its longest row.
 
-A row is a dict {"sequence": service.rows.Sequence, ...targets}; a row may also hold a
+A row is a dict {"sequence": heads.rows.Sequence, ...targets}; a row may also hold a
 "pair" Sequence (embedding training), which goes into the same batch after all the
 "sequence"s. Scalar targets stack to (B,); per-token targets (L,) are padded with -100.
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service.rows import pad as pad_sequences  # the service's padding: one definition
+from heads.rows import pad as pad_sequences  # the service's padding: one definition
 
 IGNORE = -100
 

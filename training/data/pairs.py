@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from service.rows import encode_texts
+from heads.rows import encode_texts
 from training.data.records import DataError, field, read_records, require_rows
 
 EXPECTED = (

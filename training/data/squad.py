@@ -1,6 +1,6 @@
 """Extractive question answering data: SQuAD v1.1 / v2.0 JSON.
 
-Training rows are the service's own windows (`service.tasks.qa.preprocess`: `[CLS] question
+Training rows are the service's own windows (`heads.tasks.qa.preprocess`: `[CLS] question
 [SEP] context part [SEP]`, consecutive windows sharing `doc_stride` context tokens), so the
 model learns on exactly the rows it is later asked about. The answer's character span is
 mapped to token positions through each window's offsets; a window that does not hold the
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput
-from service.tasks import qa
+from heads.rows import InvalidInput
+from heads.tasks import qa
 from training.data.records import DataError, existing, require_rows
 
 EXPECTED = (

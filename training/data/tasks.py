@@ -2,7 +2,7 @@
 
     rows, labels, n = training_rows("classification", "sst2/train.tsv", tokenizer, 128)
 
-Rows are dicts {"sequence": service.rows.Sequence, ...targets} for training.data.batch.collate;
+Rows are dicts {"sequence": heads.rows.Sequence, ...targets} for training.data.batch.collate;
 labels are the data's label names in id order (classification, token classification; else
 None), `known` (a checkpoint's id2label) kept when the data uses its names.
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.rows import Sequence, Template, row, template
+from heads.rows import Sequence, Template, row, template
 from training.data.records import JSONL, DataError, existing, field, read_records, require_rows
 from training.metrics import to_iob2
 

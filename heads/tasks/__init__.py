@@ -1,7 +1,7 @@
 """One module per head, each in the same two steps around the model: `preprocess` (text ->
 model rows) and `postprocess` (the rows' outputs -> answer), as transformers' pipelines name
 them. Both are plain functions over `tokenizers` encodings and numpy arrays (rows and their
-outputs are `service.rows` types), so `training.evaluate` scores exactly what the service
+outputs are `heads.rows` types), so `training.evaluate` scores exactly what the service
 answers.
 
 The service runs them as a `Job`, one per request, built by the route from the request's
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tokenizers import Encoding, Tokenizer
 
-from service.rows import Outputs, Sequence
+from heads.rows import Outputs, Sequence
 
 
 class Job(Protocol):

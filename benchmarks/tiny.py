@@ -1,4 +1,5 @@
-"""Tiny model packages for tests, built through the real exporter (`training.export`).
+"""Tiny model packages for the tests and the soak's `--tiny` mode, built through the real exporter
+(`training.export`). Here, not under tests/, because benchmarks never import tests.
 
     >>> pkg = build_tiny_package(tmp_path / "sst2", "classification")
     >>> pkg = build_tiny_package(tmp_path / "ner", "token-classification", checkpoint_dir=tmp_path / "ckpt")
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from service.package import ModelPackage, read_package
+from heads.package import ModelPackage, read_package
 from training.config import BertConfig
 from training.export import export_package
 from training.model import HEADS

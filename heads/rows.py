@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.contract import INPUT_NAMES
+from heads.contract import INPUT_NAMES
 
 
 class InvalidInput(ValueError):
@@ -201,7 +201,7 @@ def template(tokenizer: Tokenizer) -> Template:
     if tokenizer.padding is not None or tokenizer.truncation is not None:
         raise ValueError(
             "the tokenizer pads or truncates by itself; pass it through "
-            "service.rows.prepare_tokenizer once at load time"
+            "heads.rows.prepare_tokenizer once at load time"
         )
     found = _read_template(tokenizer)
     if len(_TEMPLATES) >= 16:

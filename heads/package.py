@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.contract import MANIFEST, POOLINGS, PROBLEM_TYPES, TASKS, TOKENIZER, VARIANTS
+from heads.contract import MANIFEST, POOLINGS, PROBLEM_TYPES, TASKS, TOKENIZER, VARIANTS
 
 FORMAT_VERSION = 1
 REQUIRED = (

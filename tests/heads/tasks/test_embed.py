@@ -1,4 +1,4 @@
-"""service.tasks.embed: rows like the classifier's (one truncation rule), vectors normalised
+"""heads.tasks.embed: rows like the classifier's (one truncation rule), vectors normalised
 safely and only when asked."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput
-from service.tasks import classify, embed
-from tests.service.tasks.conftest import as_lists, sst2_sentences
+from heads.rows import InvalidInput
+from heads.tasks import classify, embed
+from tests.heads.tasks.conftest import as_lists, sst2_sentences
 
 
 def test_rows_and_truncation_are_the_classifiers(toy_tokenizer: Tokenizer) -> None:

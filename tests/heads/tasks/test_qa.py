@@ -1,4 +1,4 @@
-"""service.tasks.qa: windows like BertTokenizerFast's `only_second` overflow, answers like the
+"""heads.tasks.qa: windows like BertTokenizerFast's `only_second` overflow, answers like the
 question-answering pipeline's, over contexts that span many windows."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput, Outputs, encode
-from service.tasks import qa
-from tests.service.tasks.conftest import as_lists, forward, squad_pairs
+from heads.rows import InvalidInput, Outputs, encode
+from heads.tasks import qa
+from tests.heads.tasks.conftest import as_lists, forward, squad_pairs
 
 CONTEXT = "the cats sat on the mat in new york city. paris is in france."
 

@@ -4,7 +4,7 @@
     # the batcher runs windowed.sequences; each window's Outputs has start_logits / end_logits (L,)
     answers = postprocess(windowed, outputs, top_k=1)
 
-The service runs the same two steps as a `Job` (see service.tasks), one per request. The HTTP
+The service runs the same two steps as a `Job` (see heads.tasks), one per request. The HTTP
 API keeps the pipeline's names `max_seq_len` and `doc_stride`; here they are `max_seq_length`
 and `stride`, as in the other heads.
 
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.package import ModelPackage
-from service.rows import (
+from heads.package import ModelPackage
+from heads.rows import (
     InvalidInput,
     Outputs,
     Sequence,

@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from service.rows import Outputs, Sequence, prepare_tokenizer
+from heads.rows import Outputs, Sequence, prepare_tokenizer
 
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
 

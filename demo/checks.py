@@ -1,11 +1,11 @@
 """A hand-written check set for the demo heads, and its score through an exported package.
 
 The items below were written by hand, in ordinary English, apart from the templates and word
-lists of `training/data/demo.py`: other sentence shapes, other names and places (a test checks
+lists of `demo/data.py`: other sentence shapes, other names and places (a test checks
 that no entity or answer here occurs in the generated training data). They are never trained
 on. The build reports each head's score on them and `make test` holds the heads to floors.
 
-    python -m training.demo_checks models/demo-sentiment models/demo-ner models/demo-qa
+    python -m demo.checks models/demo-sentiment models/demo-ner models/demo-qa
 
 Scores are what the server answers: the package runs in ONNX Runtime (`training.evaluate`'s
 package runner) and the service's own task code turns its outputs into answers: sentiment
@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from service.rows import load_tokenizer
-from service.tasks import classify, ner, qa
+from heads.rows import load_tokenizer
+from heads.tasks import classify, ner, qa
 from training.evaluate import onnx_runner, run_rows
 from training.metrics import squad_scores
 
@@ -332,9 +332,9 @@ def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m training.demo_checks",
+        prog="python -m demo.checks",
         description=__doc__.split("\n\n")[0],
-        epilog="example: python -m training.demo_checks models/demo-ner --errors",
+        epilog="example: python -m demo.checks models/demo-ner --errors",
     )
     ap.add_argument("packages", nargs="+", type=Path, help="demo package folders to score")
     ap.add_argument("--errors", action="store_true", help="also print every item it gets wrong")

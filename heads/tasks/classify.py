@@ -4,7 +4,7 @@
     # the batcher runs encoded.sequences; stack each row's `logits` (C,) into (N, C)
     answers = postprocess(logits, labels, "single_label", top_k=None)
 
-The service runs the same two steps as a `Job` (see service.tasks), one per request.
+The service runs the same two steps as a `Job` (see heads.tasks), one per request.
 
 Semantics follow transformers' text-classification pipeline: the scoring function defaults by
 problem type (single_label -> softmax, multi_label -> sigmoid, regression -> none; a single
@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.package import ModelPackage
-from service.rows import (
+from heads.contract import HF_PROBLEM_TYPES, PROBLEM_TYPES
+from heads.package import ModelPackage
+from heads.rows import (
     EncodedTexts,
     InvalidInput,
     Outputs,
@@ -43,14 +44,8 @@ __all__ = ["FUNCTIONS", "Job", "default_function", "postprocess", "preprocess"]
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
-# Our package.json names and the transformers config names for the same problem types.
-_DEFAULTS = {
-    "single_label": "softmax",
-    "single_label_classification": "softmax",
-    "multi_label": "sigmoid",
-    "multi_label_classification": "sigmoid",
-    "regression": "none",
-}
+# The pipeline's function per problem type (the package's short names, heads.contract).
+_DEFAULTS = dict(zip(PROBLEM_TYPES, ("softmax", "sigmoid", "none"), strict=True))
 
 
 def preprocess(
@@ -62,6 +57,8 @@ def preprocess(
 
 def default_function(problem_type: str, num_labels: int) -> str:
     """The function the pipeline applies when the request names none."""
+    # a transformers config's long name means the same problem type
+    problem_type = HF_PROBLEM_TYPES.get(problem_type, problem_type)
     if problem_type not in _DEFAULTS:
         raise ValueError(
             f"unknown problem_type {problem_type!r}; expected one of {sorted(_DEFAULTS)}"

@@ -1,4 +1,4 @@
-"""service.tasks.classify: rows like BertTokenizerFast's, answers like the text-classification
+"""heads.tasks.classify: rows like BertTokenizerFast's, answers like the text-classification
 pipeline's."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput, longest_first, prepare_tokenizer, template
-from service.tasks import classify
-from tests.service.tasks.conftest import as_lists, forward, sst2_sentences
+from heads.rows import InvalidInput, longest_first, prepare_tokenizer, template
+from heads.tasks import classify
+from tests.heads.tasks.conftest import as_lists, forward, sst2_sentences
 
 # --- preprocess -----------------------------------------------------------------------------
 

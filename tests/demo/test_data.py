@@ -1,5 +1,5 @@
 """The generated demo data: readable by finetune's readers, the phenomena the demo heads need
-are in it, and the hand-written check set (training.demo_checks) is not."""
+are in it, and the hand-written check set (demo.checks) is not."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from collections import Counter
 
 import pytest
 
-from training import demo_checks
-from training.data import demo
+from demo import checks as demo_checks
+from demo import data as demo
+from demo.models import DEMO_HEADS
+from demo.qa_data import paragraph
 from training.data.classification import read_classification
-from training.data.demo_qa import paragraph
 from training.data.squad import encode_squad, read_squad
 from training.data.token_classification import read_tagged
-from training.default_models import DEMO_HEADS
 from training.metrics import entity_spans
 from training.tokenizer import load_tokenizer
 

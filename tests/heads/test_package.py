@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.package import (
+from heads.package import (
     FORMAT_VERSION,
     ModelPackage,
     PackageError,

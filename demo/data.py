@@ -17,10 +17,10 @@ shapes ordinary English has and not one sentence frame repeated:
 
 Enough to turn all-MiniLM-L6-v2 into demo heads in a few minutes on a laptop CPU; not a
 benchmark and not a substitute for real data (fine-tune on SST-2, CoNLL-2003 or SQuAD for that:
-see the README). The hand-written check set the build scores them on is `training.demo_checks`;
+see the README). The hand-written check set the build scores them on is `demo.checks`;
 nothing of it is in these lists.
 
-    python -m training.data.demo --out runs/demo-data     # the three training files
+    python -m demo.data --out runs/demo-data     # the three training files
 
 Formats are the ones `training.finetune` reads: classification and token-classification JSONL,
 question answering as SQuAD v1.1 JSON.
@@ -35,7 +35,7 @@ import re
 import string
 from pathlib import Path
 
-from training.data.demo_qa import qa_examples  # the QA grammar, long enough for its own module
+from demo.qa_data import qa_examples  # the QA grammar, long enough for its own module
 
 
 def _words(text: str) -> list[str]:

@@ -4,11 +4,11 @@
     # the batcher runs encoded.sequences; stack each row's `embeddings` (H,) into (N, H)
     vectors = postprocess(embeddings, normalize=True)
 
-The service runs the same two steps as a `Job` (see service.tasks), one per request.
+The service runs the same two steps as a `Job` (see heads.tasks), one per request.
 
 Pooling (CLS, or mask-aware mean or max) and a sentence-transformers folder's Dense modules
 happen inside the ONNX graph; normalisation is a per-request choice and happens here.
-Truncation is the classifier's: the same code, one place (`service.rows.text_rows`).
+Truncation is the classifier's: the same code, one place (`heads.rows.text_rows`).
 
 Prompts (sentence-transformers' `prompts`, e.g. e5's "query: "): `prompt(package, name)` is
 the text put before every input ahead of tokenization, as `SentenceTransformer.encode(...,
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.contract import HIDDEN_STATE_OUTPUTS
-from service.package import ModelPackage
-from service.rows import (
+from heads.contract import HIDDEN_STATE_OUTPUTS
+from heads.package import ModelPackage
+from heads.rows import (
     EncodedTexts,
     InvalidInput,
     Outputs,

@@ -1,4 +1,4 @@
-"""service.tasks.ner: windows like BertTokenizerFast's overflow, entities like the
+"""heads.tasks.ner: windows like BertTokenizerFast's overflow, entities like the
 token-classification pipeline's, and long texts merged without duplicates or cuts."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.rows import InvalidInput, Outputs, encode
-from service.tasks import ner
-from tests.service.tasks.conftest import NER_LABELS, as_lists, conll_sentences, forward
+from heads.rows import InvalidInput, Outputs, encode
+from heads.tasks import ner
+from tests.heads.tasks.conftest import NER_LABELS, as_lists, conll_sentences, forward
 
 STRATEGIES = ["none", "simple", "first", "average", "max"]
 L = {name: i for i, name in enumerate(NER_LABELS)}

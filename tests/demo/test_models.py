@@ -1,5 +1,5 @@
 """The default model build (`make models`): the demo heads it fine-tunes from all-MiniLM-L6-v2
-pass the hand-written check set (training.demo_checks) above floors set from measurement.
+pass the hand-written check set (demo.checks) above floors set from measurement.
 
 The build is the real one (same recipe, data, seed): tests/conftest.py's `demo_models`, shared
 with the README's answers (tests/test_readme.py) and the --help examples."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from training.default_models import DEMO_HEADS, _time_left, build
-from training.demo_checks import score_package
+from demo.checks import score_package
+from demo.models import DEMO_HEADS, _time_left, build
 
 # Measured with the default recipe, seeds 0 / 1 / 2: sentiment accuracy 100 / 100 / 93.8,
 # NER entity F1 92.8 / 92.9 / 95.2, QA exact match 97.0 / 97.0 / 93.9 (the build before this
@@ -47,7 +47,7 @@ def test_time_left_schedules_queued_packages_on_the_first_free_worker():
 
 
 def test_the_time_left_said_only_goes_down():
-    from training.default_models import Countdown
+    from demo.models import Countdown
 
     shown = Countdown(140.0, at=0.0)
     assert shown.say(125.0, now=15.0) == "about 2:05 to go"

@@ -4,7 +4,7 @@
     # the batcher runs windowed.sequences; each window's Outputs has `logits` (L, C)
     entities = postprocess(windowed, outputs, labels, aggregation_strategy="simple")
 
-The service runs the same two steps as a `Job` (see service.tasks), one per request.
+The service runs the same two steps as a `Job` (see heads.tasks), one per request.
 
 Semantics follow transformers' TokenClassificationPipeline: a softmax per token; strategies
 "none" (one entry per token), "simple" (adjacent tokens grouped by B-/I- tag), and "first" /
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.package import ModelPackage
-from service.rows import (
+from heads.package import ModelPackage
+from heads.rows import (
     InvalidInput,
     Outputs,
     Sequence,

@@ -1,0 +1,85 @@
+"""One server process: uvicorn around the app, with the drain at shutdown that the README
+promises (see DrainingServer). `python -m service` runs one; `--workers N` runs N
+(service.workers), each calling `serve` on the shared socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+import socket
+import sys
+from types import FrameType
+
+import uvicorn
+
+from service.app import create_app
+from service.registry import LoadFlags, Registry
+from service.settings import Settings
+
+SETTLE_SECONDS = 0.1  # at shutdown, for requests on connections already accepted to arrive
+
+
+class DrainingServer(uvicorn.Server):
+    """Drains on SIGTERM / SIGINT (Ctrl-C) and then exits 0, a clean stop:
+
+    1. the signal turns /ready to 503 `draining` at once, and new inference requests to 503
+       `not_ready` with Retry-After, on new connections as on open ones;
+    2. the listening socket stays open while requests are in flight (up to drain_timeout), so a
+       client that still connects is told to go elsewhere instead of refused by the kernel;
+    3. once none is in flight, the socket closes (from then on, connections are refused) and
+       the requests already on accepted connections are answered before those close.
+
+    A second Ctrl-C skips the drain, as uvicorn's does."""
+
+    def __init__(self, config: uvicorn.Config, registry: Registry, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.registry = registry
+        self.drain_timeout = drain_timeout
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # uvicorn's own handler also records the signal and raises it again once the server has
+        # stopped, so the process ends killed by it (143): a drained stop is a success here
+        if sig in (signal.SIGINT, signal.SIGTERM):
+            self.registry.draining = True
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if not self.force_exit:
+            await self.registry.admission.wait_idle(self.drain_timeout)
+        # uvicorn closes every connection without a request in progress at once, also one whose
+        # request is already on its way (accepted, not yet parsed): that request would be lost.
+        # Stop accepting first and give those a moment to arrive; they are answered (503 while
+        # draining) like any other.
+        for server in self.servers:
+            server.close()
+        await asyncio.sleep(SETTLE_SECONDS)
+        await super().shutdown(sockets)
+
+
+def serve(
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    load_flags: LoadFlags | None = None,
+) -> None:
+    """One server process: on settings.host:port, or on `sockets` (a worker of several)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    app = create_app(settings)
+    app.state.registry.load_flags = load_flags
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
+    )
+    DrainingServer(config, app.state.registry, settings.drain_timeout).run(sockets=sockets)
