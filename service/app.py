@@ -18,45 +18,43 @@ from functools import partial
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.http import PayloadLimit, RequestMetrics, install_error_handlers
-from service.metrics import Metrics
-from service.registry import Registry
+from service.engine import Engine
+from service.http import install_error_handlers
 from service.routes import ROUTERS, inference_routes
-from service.routes.inference import DisconnectWatch, Shortcut
+from service.routes.inference import DisconnectWatch, InferencePath
 from service.settings import Settings
 
 
 class App(FastAPI):
-    """FastAPI, with the inference POSTs served in front of its middleware stack when `front`
-    is set: FastAPI's own layers (error middleware, telemetry hook, body limit: each a closure
-    around send or receive) cost event-loop CPU on every request and do nothing there that
-    `Shortcut` does not do itself. Every other request goes through the whole stack."""
+    """FastAPI, entered through `stack`: the inference POSTs' one path (`InferencePath`) in
+    front of FastAPI's own middleware stack, wrapped in CORS when that is on. FastAPI's layers
+    (error middleware, telemetry hook: each a closure around send or receive) cost event-loop
+    CPU on every request and do nothing for an inference POST that InferencePath does not do
+    itself; every other request goes through them."""
 
-    front: Shortcut | None = None
+    stack: ASGIApp | None = None  # set by create_app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.front is None:
-            await super().__call__(scope, receive, send)
-        else:
-            scope["app"] = self  # as Starlette sets it: Request.app, app.state
-            await self.front(scope, receive, send)
+        scope["app"] = self  # as Starlette sets it: Request.app, app.state
+        assert self.stack is not None, "build the app with create_app"
+        await self.stack(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> App:
     settings = settings or Settings()
     logging.getLogger("service").setLevel(settings.log_level.upper())
-    metrics = Metrics()
-    registry = Registry(settings, metrics)
+    engine = Engine(settings)
+    metrics, registry = engine.metrics, engine.registry
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        registry.start_loading()
+        await engine.start(wait=False)  # /health answers and /ready says 503 meanwhile
         try:
             yield
         finally:
-            await registry.shutdown(settings.drain_timeout)
+            await engine.stop()
 
     app = App(
         title="bert-heads",
@@ -67,26 +65,24 @@ def create_app(settings: Settings | None = None) -> App:
         # request's CPU with a near-null model).
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    app.state.settings, app.state.registry, app.state.metrics = settings, registry, metrics
+    app.state.settings, app.state.engine = settings, engine
+    app.state.registry, app.state.metrics = registry, metrics
     app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    # Added innermost first: CORS (outermost, so errors carry its headers) -> the inference
-    # POSTs' one-layer path (limit, metrics, route) -> metrics -> payload limit -> FastAPI.
-    # Without CORS, that one-layer path sits in front of FastAPI's stack instead (App.front).
-    app.add_middleware(PayloadLimit, limit=settings.payload_limit)
-    app.add_middleware(RequestMetrics, metrics=metrics)
-    routes, limit = inference_routes(), settings.payload_limit
-    if not settings.cors_origins:
-        behind = partial(FastAPI.__call__, app)
-        app.front = Shortcut(behind, routes=routes, metrics=metrics, limit=limit)
-    else:
-        app.add_middleware(Shortcut, routes=routes, metrics=metrics, limit=limit)
-        app.add_middleware(
-            CORSMiddleware,
+    # CORS (outermost, so every answer carries its headers) -> the inference POSTs' one path
+    # (limit, metrics, body, key, engine, error body) -> FastAPI for everything else.
+    behind = partial(FastAPI.__call__, app)
+    stack: ASGIApp = InferencePath(
+        behind, routes=inference_routes(), metrics=metrics, limit=settings.payload_limit
+    )
+    if settings.cors_origins:
+        stack = CORSMiddleware(
+            stack,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
+    app.stack = stack
     return app

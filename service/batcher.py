@@ -486,11 +486,12 @@ class Batcher:
         return done, answers
 
     def _answers(self, done: list[_Request]) -> list[Any]:
-        """The answers of `done`, in order. Jobs of one class that can answer together
-        (`answer_many`: one softmax or normalisation over all their rows) do; an exception
-        there falls back to one job at a time, so it fails only the job that raises it."""
+        """The answers of `done`, in order. Jobs of one class answer together (`answer_many`:
+        one softmax or normalisation over all their rows, where the task has one); an
+        exception there falls back to one job at a time, so it fails only the job that raises
+        it."""
         answers: list[Any] = [None] * len(done)
-        groups: dict[type, list[int]] = {}
+        groups: dict[type[Job], list[int]] = {}
         for k, request in enumerate(done):
             if request.nonfinite:
                 answers[k] = BackendError(
@@ -499,10 +500,10 @@ class Batcher:
             else:
                 groups.setdefault(type(request.job), []).append(k)
         for cls, ks in groups.items():
-            many = getattr(cls, "answer_many", None)
-            if many is not None and len(ks) > 1:
+            if len(ks) > 1:
                 try:
-                    together = many([done[k].job for k in ks], [done[k].results for k in ks])
+                    jobs, results = [done[k].job for k in ks], [done[k].results for k in ks]
+                    together = cls.answer_many(jobs, results)  # type: ignore[arg-type]
                 except Exception:  # retried one by one below, to find the job that fails
                     pass
                 else:

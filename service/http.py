@@ -1,5 +1,5 @@
-"""HTTP plumbing every route shares: the error body, the exception handlers that produce it,
-and two pure ASGI middlewares (no BaseHTTPMiddleware: it breaks disconnect detection).
+"""HTTP plumbing every route shares: the error body, the one mapping from exceptions to it
+(`error_for`), the exception handlers that use it, and the 413 of the payload limit.
 
 Every error is `{"error": str, "error_type": str}` with the status of its `ServiceError`;
 FastAPI's own validation errors become 422 `validation` with a message naming the field.
@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope, Send
 
 from heads.rows import InvalidInput
 from service.errors import ServiceError
-from service.metrics import INFERENCE_ENDPOINTS, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ def error_response(
     error_type: str,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    request.state.error_type = error_type  # for RequestMetrics
+    request.state.error_type = error_type  # for the request metrics (InferencePath)
     body = {"error": message, "error_type": error_type}
     return ErrorResponse(body, status_code=status, headers=headers)
 
@@ -87,6 +85,19 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def error_for(exc: Exception, request: Request) -> tuple[int, str, str, dict[str, str] | None]:
+    """(status, message, error_type, headers) for what a request raised: the one mapping from
+    exceptions to the error body, for the inference path and FastAPI's handlers alike."""
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.message, exc.error_type, exc.headers
+    if isinstance(exc, InvalidInput):
+        return 422, str(exc), "validation", None
+    if isinstance(exc, RequestValidationError):
+        return 422, describe_validation(list(exc.errors())), "validation", None
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return 500, "internal error (a bug: please report it)", "internal", None
+
+
 def routing_message(request: Request, status: int, headers: dict[str, str] | None) -> str | None:
     """The router's own 404 and 405 ("Not Found", "Method Not Allowed"), said with the fix: the
     endpoints there are, or the method the path takes. None for any other status."""
@@ -101,17 +112,11 @@ def routing_message(request: Request, status: int, headers: dict[str, str] | Non
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(request, exc.status, exc.message, exc.error_type, exc.headers)
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(request, *error_for(exc, request))
 
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, exc: InvalidInput) -> JSONResponse:
-        return error_response(request, 422, str(exc), "validation")
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request, 422, describe_validation(list(exc.errors())), "validation")
+    for kind in (ServiceError, InvalidInput, RequestValidationError, Exception):
+        app.add_exception_handler(kind, handle)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -122,58 +127,9 @@ def install_error_handlers(app: FastAPI) -> None:
             message = routing_message(request, exc.status_code, headers) or message
         return error_response(request, exc.status_code, message, error_type, headers)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(request, 500, "internal error (a bug: please report it)", "internal")
-
-
-class PayloadLimit:
-    """413 for a body over `limit` bytes, decided before the body is read: by Content-Length,
-    else by counting the streamed chunks. The accepted body is buffered (FastAPI reads it
-    whole anyway) and replayed to the app; later `receive()` calls reach the server, so the
-    app still sees `http.disconnect`."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._reject(scope, send)
-            return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > self.limit:
-                await self._reject(scope, send)
-                return
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope: Scope, send: Send) -> None:
-        await reject_payload(scope, send, self.limit)
-
 
 def error_type_of(status: int) -> str:
-    """The error_type of a status no handler named (RequestMetrics' failure reason)."""
+    """The error_type of a status no handler named (the request metrics' failure reason)."""
     return _TYPE_BY_STATUS.get(status, "internal")
 
 
@@ -189,36 +145,3 @@ async def reject_payload(scope: Scope, send: Send, limit: int) -> None:
     headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-class RequestMetrics:
-    """Count and time the inference endpoints by model, task, endpoint and status. The route
-    writes the model it chose into the request state; errors write their error_type."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path not in INFERENCE_ENDPOINTS:
-            await self.app(scope, receive, send)
-            return
-        state = scope.setdefault("state", {})
-        start = time.perf_counter()
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            model, task = state.get("model", ""), state.get("task", "")
-            self.metrics.answered(model, task, path, status, time.perf_counter() - start)
-            if status >= 400:
-                reason = state.get("error_type") or error_type_of(status)
-                self.metrics.failures.labels(model, task, reason).inc()

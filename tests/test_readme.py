@@ -395,6 +395,22 @@ def test_readme_curl(cmd: Command, servers):
             raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
 
 
+def test_readme_python_runs(tmp_path):
+    """Each ```python block runs as written (top-level `await` inside an async function), with
+    `Path("models")` the stand-ins of the default packages."""
+    import asyncio
+    import textwrap
+
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
+    assert blocks, "the README lost its engine example"
+    models = _stand_ins(tmp_path / "models", {})
+    for block in blocks:
+        code = block.replace('Path("models")', f"Path({str(models)!r})")
+        namespace: dict[str, Any] = {}
+        exec("async def main():\n" + textwrap.indent(code, "    "), namespace)
+        asyncio.run(namespace["main"]())
+
+
 # -- the README's answers are the default build's ------------------------------------------------
 
 SCORE_TOLERANCE = 0.05  # a score shown in the README may differ from the build's by this much

@@ -34,3 +34,15 @@ class Job(Protocol):
     def answer(self, outputs: list[Outputs]) -> Any:
         """The answer from each row's outputs, in rows() order."""
         ...
+
+    @staticmethod
+    def answer_many(jobs: list[Any], outputs: list[list[Outputs]]) -> list[Any]:
+        """The answers of several jobs of this class and one model, in order: where a task can,
+        one computation over all their rows (classify: one softmax; embed: one normalisation);
+        else `one_by_one`. It may raise: the batcher then asks each job alone."""
+        ...
+
+
+def one_by_one(jobs: list[Any], outputs: list[list[Outputs]]) -> list[Any]:
+    """`answer_many` for a task with nothing to share between jobs: each job's own answer."""
+    return [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]

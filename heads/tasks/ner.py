@@ -32,6 +32,7 @@ Semantics follow transformers' TokenClassificationPipeline: a softmax per token;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -48,6 +49,7 @@ from heads.rows import (
     tokens,
     windows,
 )
+from heads.tasks import one_by_one
 
 __all__ = [
     "STRATEGIES",
@@ -354,3 +356,7 @@ class Job:
             results.append(entities)
             at += n
         return results
+
+    @staticmethod
+    def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[Any]:
+        return one_by_one(jobs, outputs)  # nothing to share between jobs

@@ -49,6 +49,7 @@ from heads.rows import (
     tokens,
     windows,
 )
+from heads.tasks import one_by_one
 
 __all__ = [
     "Job",
@@ -329,3 +330,7 @@ class Job:
             at += n
             results.append(spans if self.top_k > 1 else (spans[0] if spans else None))
         return results
+
+    @staticmethod
+    def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[Any]:
+        return one_by_one(jobs, outputs)  # nothing to share between jobs

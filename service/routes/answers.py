@@ -32,11 +32,6 @@ def as_list(inputs: T | list[T]) -> tuple[list[T], bool]:
     return [inputs], True
 
 
-def sizes(inputs: list[str] | list[tuple[str, str]] | list[str | tuple[str, str]]) -> list[int]:
-    """Characters per input, a pair's two texts together (what max_text_chars bounds)."""
-    return [len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in inputs]
-
-
 def answer(results: list[Any], single: bool) -> Response:
     """The answer for a single input, or the list of answers."""
     return json_response(results[0] if single else results)

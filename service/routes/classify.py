@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from heads.tasks import classify
-from service.routes.answers import ERRORS, answer, sizes
+from service.routes.answers import ERRORS, answer
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import ClassifyRequest, ClassifyResponse
 
@@ -16,15 +15,14 @@ router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 @router.post("/classify", response_model=ClassifyResponse, responses=ERRORS)
 async def classify_texts(body: ClassifyRequest, run: Inference) -> Response:
     """One list of `{label, score}` per input (top_k of them; null = all labels)."""
-    model = run.use("classification", body.model)
     single = isinstance(body.inputs, str)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    run.check_sizes(sizes(inputs))
-    job = classify.Job(
-        model.package,
+    labels = await run.engine.classify(
         inputs,
+        model=body.model,
         top_k=body.top_k,
         function_to_apply=body.function_to_apply,
         truncate=body.truncate,
+        call=run,
     )
-    return answer(await run.run(job), single)
+    return answer(labels, single)

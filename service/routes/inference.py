@@ -1,18 +1,20 @@
-"""The request path of the inference routes, kept cheap: FastAPI declares them (the OpenAPI
-schema and /docs come from each endpoint's signature, as for any route), but a request never
-enters FastAPI's per-request machinery.
+"""The one request path of the inference POSTs, kept cheap: FastAPI declares the routes (the
+OpenAPI schema and /docs come from each endpoint's signature, as for any route), but a request
+never enters FastAPI's per-request machinery.
 
-- `Shortcut`, in front of FastAPI's middleware stack (inside CORS when that is on), serves
-  POSTs to these paths in one layer: payload limit, request metrics, and the route;
-- `InferenceRoute` reads the body, validates it with pydantic-core straight from the raw bytes
-  (`model_validate_json`), checks the API key and takes an admission slot, and calls the
-  endpoint with the body model and an `Inference`;
-- `Inference` (the request, plus the model it picked) hands one job to the model's batcher and
-  gives it up if the client disconnects first.
+- `InferencePath`, in front of FastAPI's middleware stack (inside CORS when that is on: the
+  same object either way), serves POSTs to these paths in one layer: the payload limit, the
+  request metrics, the body (validated with pydantic-core straight from the raw bytes,
+  `model_validate_json`), the API key, the endpoint, and the error body;
+- the endpoint calls the engine's task (service.engine: admission, model, limits, batcher) with
+  the `Inference` as its `Call`, which gives the job up if the client disconnects first and
+  records the model for the request metrics;
+- every other request (GET /models, /metrics, /docs, a wrong method) goes on to FastAPI.
 
 Why: with a near-null model on 2 cores, FastAPI's routing, dependency resolution and body
-handling took ~1 ms of event-loop CPU per request, several times the rest of the path (see
-benchmarks/server_cost.py). Errors, limits, metrics and disconnects behave as on any route.
+handling took ~1 ms of event-loop CPU per request, several times the rest of the path, and each
+further ASGI layer a few us (see benchmarks/server_cost.py). Errors are the one error body
+(service.http.error_for), as on any route.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, get_type_hints
+from typing import Any
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
@@ -30,18 +32,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from heads.rows import InvalidInput
-from heads.tasks import Job
-from service.errors import PayloadTooLarge, ServiceError
+from service.engine import Call, Engine
+from service.errors import ServiceError
 from service.http import (
     ClientGone,
     describe_validation,
+    error_for,
     error_response,
     error_type_of,
     reject_payload,
 )
 from service.metrics import Metrics
-from service.registry import LoadedModel, Registry
+from service.registry import LoadedModel
 from service.routes.deps import require_api_key
 
 log = logging.getLogger(__name__)
@@ -87,62 +89,26 @@ class DisconnectWatch:
         self._timer = self._loop.call_later(WATCH_AFTER, self._sweep) if self.old else None
 
 
-class Inference(Request):
-    """One inference request: the model it uses and its path through that model's batcher.
-    Endpoints take it as their second argument (FastAPI sees a Request, so the OpenAPI schema
-    holds only the body)."""
+class Inference(Request, Call):
+    """One inference request, and its `Call` through the engine. Endpoints take it as their
+    second argument (FastAPI sees a Request, so the OpenAPI schema holds only the body)."""
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
-        super().__init__(scope, receive)
+        Request.__init__(self, scope, receive)
         state = self.app.state
-        self.registry: Registry = state.registry
+        self.engine: Engine = state.engine
         self.watches: DisconnectWatch = state.disconnect_watch
         # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
         self.loop = asyncio.get_running_loop()
-        self.deadline = self.loop.time() + self.registry.settings.request_timeout
-        self._model: LoadedModel | None = None
+        deadline = self.loop.time() + self.engine.settings.request_timeout
+        Call.__init__(self, deadline, where=scope["path"])
         self._gone = False  # the client disconnected
         self._watch: asyncio.Task[None] | None = None
 
-    @property
-    def model(self) -> LoadedModel:
-        assert self._model is not None, "call use() first"
-        return self._model
-
-    def use(self, task: str, name: str | None) -> LoadedModel:
-        """The model for this request (by name, or the only one of `task`)."""
-        self._model = self.registry.select(task, name, self.scope["path"])
+    def chose(self, model: LoadedModel, task: str) -> None:
+        self.model = model
         state = self.scope.setdefault("state", {})
-        state["model"], state["task"] = self._model.name, task  # for RequestMetrics
-        return self._model
-
-    def check_sizes(self, sizes: list[int]) -> None:
-        """413 for more inputs than max_client_batch_size or an input over max_text_chars.
-        sizes: characters per input (a pair's two texts together)."""
-        s = self.registry.settings
-        if len(sizes) > s.max_client_batch_size:
-            raise PayloadTooLarge(
-                f"inputs has {len(sizes)} items, more than max_client_batch_size "
-                f"({s.max_client_batch_size}); split the request"
-            )
-        for i, n in enumerate(sizes):
-            if n > s.max_text_chars:
-                raise PayloadTooLarge(
-                    f"inputs[{i}] has {n} characters, more than max_text_chars "
-                    f"({s.max_text_chars}); split the text"
-                )
-
-    async def read(self) -> bytes:
-        """The whole body. PayloadLimit has buffered it, so this is one message; Starlette's
-        Request.body() costs several times more for the same bytes."""
-        chunks = []
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone("client disconnected")
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        state["model"], state["task"] = model.name, task  # for the request metrics
 
     def header(self, name: bytes) -> str | None:
         """One request header (lower-case name), without building the Headers mapping."""
@@ -151,17 +117,15 @@ class Inference(Request):
                 return value.decode("latin-1")
         return None
 
-    async def run(self, job: Job) -> Any:
-        """The job's answer from the model chosen by `use`. Raises ClientGone when the client
-        disconnects first: the job's rows still queued are then dropped before they cost
-        compute."""
-        future = self.model.batcher.enqueue(job, self.deadline)
+    async def wait(self, answer: asyncio.Future[Any]) -> Any:
+        """The answer. Raises ClientGone when the client disconnects first: the job's rows
+        still queued are then dropped before they cost compute."""
         # Most answers come back before a watch would be worth its task: one starts only for
         # a request still waiting at the next sweep but one.
         watches = self.watches
-        watches.add(self, future)
+        watches.add(self, answer)
         try:
-            return await future
+            return await answer
         except asyncio.CancelledError:
             if self._gone:
                 raise ClientGone("client disconnected") from None
@@ -185,50 +149,43 @@ class Inference(Request):
 
 
 class InferenceRoute(APIRoute):
-    """A route served from the raw request: `endpoint(body, run)` where `body` is the model
-    its signature names, validated from the bytes, and `run` an `Inference`."""
+    """An inference route: FastAPI reads its signature for the OpenAPI schema, `endpoint(body,
+    run)` with the body model and an `Inference`; `InferencePath` serves it. The router never
+    does: InferencePath takes every POST to these paths before FastAPI sees it."""
+
+    @property
+    def body_model(self) -> type[BaseModel]:
+        """The body model the endpoint's signature declares (its one body parameter)."""
+        [param] = self.dependant.body_params
+        model = param.field_info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel), self.path
+        return model
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        model = get_type_hints(self.endpoint)["body"]
-        endpoint = self.endpoint
+        path = self.path
 
-        async def handle(request: Request) -> Response:
-            return await respond(model, endpoint, Inference(request.scope, request.receive))
+        async def unreachable(request: Request) -> Response:
+            raise RuntimeError(f"POST {path} reached the router: InferencePath serves it")
 
-        return handle
+        return unreachable
 
 
 async def respond(
-    model: type[BaseModel], endpoint: Endpoint, run: Inference, raw: bytes | None = None
+    model: type[BaseModel], endpoint: Endpoint, run: Inference, raw: bytes
 ) -> Response:
-    """The endpoint's response, or the error response for what it (or the body) raised.
-    raw: the body, when the caller has read it already."""
-    registry = run.registry
+    """The endpoint's response, or the error body for what it (or the body `raw`) raised."""
     try:
-        if raw is None:
-            raw = await run.read()
-        require_api_key(run, registry.settings)
+        require_api_key(run, run.engine.settings)
         body = parse(model, raw, run.header(b"content-type"))
-        registry.check_accepting()
-        registry.admission.acquire()
-        try:
-            return await endpoint(body, run)
-        finally:
-            registry.admission.release()
-    except ServiceError as exc:
-        return error_response(run, exc.status, exc.message, exc.error_type, exc.headers)
-    except InvalidInput as exc:
-        return error_response(run, 422, str(exc), "validation")
-    except _BadBody as exc:
-        return error_response(run, exc.status, exc.message, exc.error_type)
-    except Exception:
-        log.exception("unhandled error on %s %s", run.method, run.url.path)
-        return error_response(run, 500, "internal error (a bug: please report it)", "internal")
+        return await endpoint(body, run)
+    except Exception as exc:
+        return error_response(run, *error_for(exc, run))
 
 
-class _BadBody(Exception):
+class _BadBody(ServiceError):
     def __init__(self, status: int, message: str, error_type: str) -> None:
-        self.status, self.message, self.error_type = status, message, error_type
+        super().__init__(message)
+        self.status, self.error_type = status, error_type
 
 
 def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
@@ -265,13 +222,11 @@ def _invalid(exc: ValidationError) -> _BadBody:
     return _BadBody(422, describe_validation(errors), "validation")
 
 
-class Shortcut:
-    """In front of FastAPI (`service.app.App.front`), or with CORS configured the outermost of
-    the service's middlewares inside CORS. POSTs to the inference paths are served here in one
-    layer: the payload limit, the request metrics and the route, past the router, with the
-    answer written by two raw sends. Everything else
-    goes on to `RequestMetrics` -> `PayloadLimit` -> FastAPI, which do the same for a request
-    that gets here without this layer.
+class InferencePath:
+    """In front of FastAPI (`service.app.App.stack`), inside CORS when that is on. POSTs to the
+    inference paths are served here in one layer: the payload limit, the request metrics and
+    the route, past the router, with the answer written by two raw sends. Everything else goes
+    on to FastAPI.
 
     Why one layer: with a near-null model each ASGI layer (a closure around send, a replayed
     receive, a header dict) cost a few us of event-loop CPU per request, and the event loop is
@@ -283,7 +238,7 @@ class Shortcut:
         self.app = app
         self.metrics, self.limit = metrics, limit
         self.handlers = {
-            route.path: (get_type_hints(route.endpoint)["body"], route.endpoint)
+            route.path: (route.body_model, route.endpoint)
             for route in routes
             if route.methods and "POST" in route.methods
         }
@@ -295,7 +250,7 @@ class Shortcut:
             return
         state = scope.setdefault("state", {})
         start = time.perf_counter()
-        status = 500  # as RequestMetrics counts a request that ends without an answer
+        status = 500  # a request that ends without an answer (a bug) counts as one
         try:
             raw = await self._body(scope, receive)
             if raw is None:
@@ -322,7 +277,7 @@ class Shortcut:
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The body; None when it is over the limit (by Content-Length, else counted as it
-        streams), _GONE when the client left first. PayloadLimit's rules, without its replay."""
+        streams), _GONE when the client left first."""
         for key, value in scope["headers"]:
             if key == b"content-length":
                 if value.isdigit() and int(value) > self.limit:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from heads.tasks import ner
-from service.routes.answers import ERRORS, answer, as_list, sizes
+from service.routes.answers import ERRORS, answer, as_list
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import NerRequest, NerResponse
 
@@ -17,14 +16,13 @@ router = APIRouter(tags=["token classification"], route_class=InferenceRoute)
 async def recognize_entities(body: NerRequest, run: Inference) -> Response:
     """Per input a list of `{entity_group, score, word, start, end}` (`word` is
     `text[start:end]`); aggregation_strategy "none" gives one entry per token."""
-    model = run.use("token-classification", body.model)
     texts, single = as_list(body.inputs)
-    run.check_sizes(sizes(texts))
-    job = ner.Job(
-        model.package,
+    entities = await run.engine.ner(
         texts,
+        model=body.model,
         aggregation_strategy=body.aggregation_strategy,
         ignore_labels=body.ignore_labels,
         stride=body.stride,
+        call=run,
     )
-    return answer(await run.run(job), single)
+    return answer(entities, single)

@@ -6,8 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from heads.tasks import qa
-from service.routes.answers import ERRORS, answer, sizes
+from service.routes.answers import ERRORS, answer
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import QaRequest, QaResponse
 
@@ -18,20 +17,19 @@ router = APIRouter(tags=["question answering"], route_class=InferenceRoute)
 async def answer_questions(body: QaRequest, run: Inference) -> Response:
     """`{answer, score, start, end}` per input (a list of top_k of them when top_k > 1;
     null when the context has no valid span)."""
-    model = run.use("question-answering", body.model)
     if body.inputs is None:
         assert body.question is not None and body.context is not None  # schema-checked
         pairs, single = [(body.question, body.context)], True
     else:
         pairs, single = [(item.question, item.context) for item in body.inputs], False
-    run.check_sizes(sizes(pairs))
-    job = qa.Job(
-        model.package,
+    spans = await run.engine.qa(
         pairs,
+        model=body.model,
         top_k=body.top_k,
         max_answer_len=body.max_answer_len,
-        max_seq_length=body.max_seq_len,  # the pipeline's names in the API, ours inside
-        stride=body.doc_stride,
+        max_seq_len=body.max_seq_len,
+        doc_stride=body.doc_stride,
         handle_impossible_answer=body.handle_impossible_answer,
+        call=run,
     )
-    return answer(await run.run(job), single)
+    return answer(spans, single)

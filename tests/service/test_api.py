@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.tiny import DEFAULT_LABELS
 from service.settings import Settings
-from tests.service.conftest import Service, serve
+from tests.service.conftest import Service, metric, serve
 
 NER_LABELS = DEFAULT_LABELS["token-classification"]
 
@@ -188,20 +188,30 @@ async def test_variant_setting_overrides_the_package_preference(
         assert (await s.client.get("/models")).json()["models"][0]["variant"] == "fp32"
 
 
-async def test_the_inference_routes_answer_alike_through_the_router(model_dir: Path) -> None:
-    # The Shortcut in front of FastAPI only skips FastAPI's layers and the route lookup: without
-    # it, the router reaches the same handler and gives the same answers and errors.
-    from service.routes.inference import Shortcut
+async def test_the_inference_posts_take_one_path_with_cors_on_or_off(model_dir: Path) -> None:
+    # InferencePath serves the inference POSTs whether CORS wraps it or not: the same answers,
+    # errors and request metrics; with CORS the answers also carry its headers.
+    seen = []
+    for origins in ([], [ORIGIN]):
+        async with serve(Settings(model_dir=model_dir, cors_origins=origins)) as s:
+            answers = []
+            for path, body in ROUTER_CASES:
+                r = await s.client.post(path, json=body, headers={"origin": ORIGIN})
+                answers.append((r.status_code, r.json()))
+                assert (r.headers.get("access-control-allow-origin") == ORIGIN) == bool(origins)
+            text = await s.metrics()
+            counts = [
+                metric(text, "bert_heads_requests_total", endpoint="/classify", model="sst2",
+                       status="200", task="classification"),
+                metric(text, "bert_heads_requests_total", endpoint="/classify", model="",
+                       status="422", task=""),
+            ]  # fmt: skip
+            seen.append((answers, counts))
+    assert seen[0] == seen[1]
+    assert seen[0][0][-1][1]["error_type"] == "validation" and seen[0][1] == [1.0, 1.0]
 
-    async with serve(Settings(model_dir=model_dir)) as s:
-        fast = [(await s.client.post(p, json=b)).json() for p, b in ROUTER_CASES]
-        assert isinstance(s.app.front, Shortcut)
-        s.app.front = None
-        routed = [(await s.client.post(p, json=b)).json() for p, b in ROUTER_CASES]
-    assert routed == fast
-    assert routed[-1]["error_type"] == "validation"
 
-
+ORIGIN = "https://app.example"
 ROUTER_CASES = [
     ("/classify", {"inputs": TEXT, "top_k": None}),
     ("/ner", {"inputs": TEXT, "aggregation_strategy": "none", "ignore_labels": []}),

@@ -1,0 +1,249 @@
+"""The engine: the model packages and their batchers, with the tasks as async methods that take
+plain Python inputs and return the answers the HTTP routes serialise. No HTTP in here:
+
+    async with Engine(Settings(model_dir=Path("models"))) as engine:  # loads, drains at exit
+        [[best]] = await engine.classify(["I loved this film"])        # {"label", "score"}
+        vectors = await engine.embed(["a sentence", "another"])        # (2, H) float32
+        [span] = await engine.qa([("Who?", "Anna met Paul.")])           # best span or None
+
+Every task call takes the same path: refused while draining (503), an admission slot (429
+when max_concurrent_requests are in flight), the model (by name, or the only ready one of the
+task: 404 / 422), the size limits (413), the task's `Job` (heads.tasks) queued on the model's
+batcher with the request's deadline (503 timeout), and its answer. Errors are the
+service.errors types (a bad input: heads.rows.InvalidInput), whoever the caller is.
+
+A caller that can lose interest passes a `Call` of its own: the HTTP routes' `Inference`
+watches for the client's disconnect while it waits (cancelling the answer's future drops the
+job's rows still queued) and records the model a request used for the request metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from heads.package import ModelPackage
+from heads.tasks import Job, classify, embed, ner, qa
+from service.errors import PayloadTooLarge
+from service.metrics import Metrics
+from service.registry import LoadedModel, Registry
+from service.settings import Settings
+
+TextInput = str | tuple[str, str]
+
+
+class Call:
+    """One caller's request through the engine: its deadline (event loop clock), how it waits
+    for the answer, and what it used (the model and the job, once chosen)."""
+
+    model: LoadedModel | None = None
+    job: Job | None = None
+
+    def __init__(self, deadline: float, where: str = "this call") -> None:
+        self.deadline = deadline
+        self.where = where  # how errors name the caller: "/classify needs a ... model"
+
+    def chose(self, model: LoadedModel, task: str) -> None:
+        """Called once the model is chosen (the HTTP request records it for its metrics)."""
+        self.model = model
+
+    async def wait(self, answer: asyncio.Future[Any]) -> Any:
+        """The answer. Cancelling `answer` instead drops the job's rows still queued."""
+        return await answer
+
+
+class Engine:
+    """See the module docstring. `start()` (or `async with`) inside the event loop that will
+    call it; `stop()` drains: new calls get 503, calls in flight finish (drain_timeout)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.registry = Registry(settings, self.metrics)
+
+    async def start(self, wait: bool = True) -> None:
+        """Open every package (in the background); with `wait`, until all have been tried."""
+        self.registry.start_loading()
+        if wait:
+            await self.registry.loaded.wait()
+
+    async def stop(self) -> None:
+        await self.registry.shutdown(self.settings.drain_timeout)
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def call(self) -> Call:
+        """A Call with the default deadline (request_timeout from now)."""
+        loop = asyncio.get_running_loop()
+        return Call(loop.time() + self.settings.request_timeout)
+
+    # -- the tasks -------------------------------------------------------------------------
+    # Each returns `run`'s coroutine rather than awaiting it in one of its own: one frame less
+    # per request on the event loop.
+
+    def classify(
+        self,
+        inputs: Sequence[TextInput],
+        *,
+        model: str | None = None,
+        top_k: int | None = 1,
+        function_to_apply: str | None = None,
+        truncate: bool = True,
+        call: Call | None = None,
+    ) -> Awaitable[list[list[dict[str, Any]]]]:
+        """Per input (a text or an (a, b) pair) its top_k `{label, score}`, best first."""
+        return self.run(
+            "classification",
+            model,
+            list(inputs),
+            lambda package: classify.Job(
+                package,
+                list(inputs),
+                top_k=top_k,
+                function_to_apply=function_to_apply,
+                truncate=truncate,
+            ),
+            call,
+        )
+
+    def ner(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        aggregation_strategy: str = "simple",
+        ignore_labels: list[str] | None = None,
+        stride: int | None = None,
+        call: Call | None = None,
+    ) -> Awaitable[list[list[dict[str, Any]]]]:
+        """Per text its entities `{entity_group, score, word, start, end}` (or one entry per
+        token with aggregation_strategy "none")."""
+        return self.run(
+            "token-classification",
+            model,
+            list(texts),
+            lambda package: ner.Job(
+                package,
+                list(texts),
+                aggregation_strategy=aggregation_strategy,
+                ignore_labels=ignore_labels,
+                stride=stride,
+            ),
+            call,
+        )
+
+    def qa(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        *,
+        model: str | None = None,
+        top_k: int = 1,
+        max_answer_len: int = 15,
+        max_seq_len: int = 384,
+        doc_stride: int | None = None,
+        handle_impossible_answer: bool = False,
+        call: Call | None = None,
+    ) -> Awaitable[list[Any]]:
+        """Per (question, context) its best span `{answer, score, start, end}` (None when the
+        context has none), or with top_k > 1 a list of up to top_k, best first (the
+        transformers pipeline's option names)."""
+        return self.run(
+            "question-answering",
+            model,
+            list(pairs),
+            lambda package: qa.Job(
+                package,
+                list(pairs),
+                top_k=top_k,
+                max_answer_len=max_answer_len,
+                max_seq_length=max_seq_len,
+                stride=doc_stride,
+                handle_impossible_answer=handle_impossible_answer,
+            ),
+            call,
+        )
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        normalize: bool | None = None,
+        truncate: bool = True,
+        layers: list[int] | None = None,
+        pooling: str | None = None,
+        combine: str = "concat",
+        prompt_name: str | None = None,
+        call: Call | None = None,
+    ) -> Awaitable[np.ndarray]:
+        """(N, H) float32: one vector per text (the package's pooling and normalisation unless
+        `normalize` says otherwise; `layers` for a package exported with hidden states)."""
+
+        def job(package: ModelPackage) -> embed.Job:
+            return embed.Job(
+                package,
+                list(texts),
+                normalize=normalize,
+                truncate=truncate,
+                features=embed.features(package, layers, pooling, combine),
+                prompt=embed.prompt(package, prompt_name),
+            )
+
+        return self.run("embedding", model, list(texts), job, call)
+
+    # -- the one path ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        task: str,
+        name: str | None,
+        inputs: list[Any],
+        make_job: Callable[[ModelPackage], Job],
+        call: Call | None = None,
+    ) -> Any:
+        """The answer of the job `make_job` builds for the chosen model (see the module
+        docstring for the steps and their errors)."""
+        if call is None:  # (an Inference is a Mapping: `or` would ask its length)
+            call = self.call()
+        registry = self.registry
+        registry.check_accepting()
+        registry.admission.acquire()
+        try:
+            model = registry.select(task, name, call.where)
+            call.chose(model, task)
+            self.check_sizes(inputs)
+            job = call.job = make_job(model.package)
+            return await call.wait(model.batcher.enqueue(job, call.deadline))
+        finally:
+            registry.admission.release()
+
+    def check_sizes(self, inputs: list[Any]) -> None:
+        """413 for more inputs than max_client_batch_size or an input over max_text_chars (a
+        pair's texts together)."""
+        s = self.settings
+        if len(inputs) > s.max_client_batch_size:
+            raise PayloadTooLarge(
+                f"inputs has {len(inputs)} items, more than max_client_batch_size "
+                f"({s.max_client_batch_size}); split the request"
+            )
+        for i, x in enumerate(inputs):
+            n = len(x) if isinstance(x, str) else sum(map(len, x))
+            if n > s.max_text_chars:
+                raise PayloadTooLarge(
+                    f"inputs[{i}] has {n} characters, more than max_text_chars "
+                    f"({s.max_text_chars}); split the text"
+                )
