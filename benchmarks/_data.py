@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from heads.package import ModelPackage
-from heads.rows import Sequence, load_tokenizer
+from heads.rows import Sequence, load_package_tokenizer
 from heads.tasks import classify, embed, ner, qa
 from training.data.classification import read_classification
 from training.data.squad import read_squad
@@ -87,7 +87,7 @@ def texts(task: str, data: Path) -> list[tuple[Any, str | None]]:
 
 def workload(package: ModelPackage, data: Path, limit: int | None = None) -> list[Item]:
     """The requests for `package`'s task, with the rows the service's own preprocess cuts."""
-    tok = load_tokenizer(package.tokenizer_path)
+    tok = load_package_tokenizer(package.tokenizer_path)
     task, max_len = package.task, package.max_seq_length
     items = []
     for x, label in texts(package.task, data)[:limit]:

@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks._data import SST2_LABELS, Item
 from benchmarks._engine import feeds_for, open_session
 from heads.package import ModelPackage
-from heads.rows import Outputs, Sequence, load_tokenizer
+from heads.rows import Outputs, Sequence, load_package_tokenizer
 from heads.tasks import embed, qa
 from service.registry import sequence_outputs
 from training.data.pairs import ScoredPair, read_pairs
@@ -120,7 +120,7 @@ def _score(
 def _stsb(package: ModelPackage, variant: str, threads: int, data: Path) -> float:
     """STS-B dev: Spearman of the cosine of the two sentences' embeddings with the gold."""
     pairs = [p for p in read_pairs(data / "stsb" / "dev.tsv") if isinstance(p, ScoredPair)]
-    tok = load_tokenizer(package.tokenizer_path)
+    tok = load_package_tokenizer(package.tokenizer_path)
     texts = [t for p in pairs for t in (p.sentence1, p.sentence2)]
     rows = embed.preprocess(tok, texts, package.max_seq_length).sequences
     out = row_outputs(package, variant, rows, threads)

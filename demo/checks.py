@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from heads.rows import load_tokenizer
+from heads.rows import load_package_tokenizer
 from heads.tasks import classify, ner, qa
 from training.evaluate import onnx_runner, run_rows
 from training.metrics import squad_scores
@@ -281,7 +281,7 @@ def _f1(found: int, predicted: int, gold: int) -> dict[str, float]:
 def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[str, float]:
     """Score one demo package on its head's items; percentages. `show_errors` prints misses."""
     runner, package = onnx_runner(package_dir)
-    tokenizer = load_tokenizer(package.tokenizer_path)
+    tokenizer = load_package_tokenizer(package.tokenizer_path)
     msl, misses = package.max_seq_length, []
     if package.task == "classification":
         texts = [t for t, _ in SENTIMENT]

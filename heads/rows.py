@@ -11,7 +11,7 @@ is encoded once without special tokens and rows are cut from its token ids here.
 check the rows equal what `BertTokenizerFast` gives with `truncation=True` (longest_first) or
 `return_overflowing_tokens=True, stride=...`.
 
-The tokenizer must come with padding and truncation off: `load_tokenizer` / `prepare_tokenizer`
+The tokenizer must come with padding and truncation off: `load_package_tokenizer` / `prepare_tokenizer`
 do that once, at load time; `template` refuses a tokenizer that still pads or truncates.
 """
 
@@ -84,7 +84,7 @@ def prepare_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     return tokenizer
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_package_tokenizer(path: str | Path) -> Tokenizer:
     """Read a package's tokenizer.json, ready for the task modules."""
     return prepare_tokenizer(Tokenizer.from_file(str(path)))
 

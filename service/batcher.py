@@ -104,7 +104,9 @@ class Admission:
 
 
 @dataclass(eq=False)
-class _Request:
+class _Queued:
+    """One job in the batcher's queue, and what became of its rows."""
+
     job: Job
     deadline: float  # loop.time() clock
     enqueued: float
@@ -210,8 +212,8 @@ class Batcher:
         self.pad_token_id = pad_token_id
         self.pad_limit = CPU_PAD_LIMIT if backend.provider == "cpu" else None
         self.name = name
-        self._inbox: list[_Request] = []  # jobs not yet tokenized
-        self._queue: deque[tuple[_Request, int]] = deque()
+        self._inbox: list[_Queued] = []  # jobs not yet tokenized
+        self._queue: deque[tuple[_Queued, int]] = deque()
         # Rows of live requests in _queue (dead ones are skipped lazily), and 1 per job not yet
         # tokenized. The gauge reads it at scrape time: no metric write per request.
         self._queued_rows = 0
@@ -219,8 +221,8 @@ class Batcher:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tokenizing: list[_Request] = []  # requests in the encoder's thread now
-        self._running: list[_Request] = []  # requests with rows in the backend's thread now
+        self._tokenizing: list[_Queued] = []  # requests in the encoder's thread now
+        self._running: list[_Queued] = []  # requests with rows in the backend's thread now
 
     def start(self) -> None:
         # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
@@ -254,7 +256,7 @@ class Batcher:
         loop = self._loop
         if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
-        request = _Request(job, deadline, loop.time(), loop.create_future())
+        request = _Queued(job, deadline, loop.time(), loop.create_future())
         request.timer = loop.call_at(deadline, self._expire, request)
         request.future.add_done_callback(lambda _: self._finished(request))
         self._inbox.append(request)
@@ -266,7 +268,7 @@ class Batcher:
         """`enqueue` and wait for the answer; cancelling the caller drops the job."""
         return await self.enqueue(job, deadline)
 
-    def _expire(self, request: _Request) -> None:
+    def _expire(self, request: _Queued) -> None:
         if request.future.done():
             return
         if request.queued:  # counted only when it saves compute: rows still queued
@@ -276,7 +278,7 @@ class Batcher:
             DeadlineExceeded("request_timeout passed before the model answered")
         )
 
-    def _finished(self, request: _Request) -> None:
+    def _finished(self, request: _Queued) -> None:
         """Done callback of every request's future: an answer, an error, or a cancel."""
         if request.timer is not None:
             request.timer.cancel()
@@ -286,7 +288,7 @@ class Batcher:
                 self.metrics.dropped_client_gone.inc()
             self._forget(request)
 
-    def _forget(self, request: _Request) -> None:
+    def _forget(self, request: _Queued) -> None:
         """Take a finished request's still-queued rows out of the depth count."""
         self._set_depth(self._queued_rows - request.queued)
         request.queued = 0
@@ -325,12 +327,12 @@ class Batcher:
                 work.append(self._tokenize(new))
             await asyncio.gather(*work)
 
-    def _take_inbox(self) -> list[_Request]:
+    def _take_inbox(self) -> list[_Queued]:
         new = [r for r in self._inbox if not r.future.done()]
         self._inbox = []
         return new
 
-    async def _guarded(self, step: Any, batch: list[tuple[_Request, int]]) -> None:
+    async def _guarded(self, step: Any, batch: list[tuple[_Queued, int]]) -> None:
         self._running = [r for r, _ in batch]
         try:
             await step
@@ -341,7 +343,7 @@ class Batcher:
 
     # -- step 1: texts -> rows -------------------------------------------------------------
 
-    async def _tokenize(self, requests: list[_Request]) -> None:
+    async def _tokenize(self, requests: list[_Queued]) -> None:
         start = time.perf_counter()
         self._tokenizing = requests
         try:
@@ -354,7 +356,7 @@ class Batcher:
             self._tokenizing = []
         self._take_rows(requests, made, start)
 
-    def _tokenize_here(self, requests: list[_Request]) -> None:
+    def _tokenize_here(self, requests: list[_Queued]) -> None:
         """`_tokenize` on the event loop (see INLINE_CHARS)."""
         start = time.perf_counter()
         try:
@@ -365,7 +367,7 @@ class Batcher:
         self._take_rows(requests, made, start)
 
     def _take_rows(
-        self, requests: list[_Request], made: list[list[Sequence] | Exception], start: float
+        self, requests: list[_Queued], made: list[list[Sequence] | Exception], start: float
     ) -> None:
         self.metrics.tokenization.observe(time.perf_counter() - start)
         truncated = windowed = 0
@@ -415,8 +417,8 @@ class Batcher:
 
     # -- step 2: the next batch ------------------------------------------------------------
 
-    def _next_batch(self, now: float) -> list[tuple[_Request, int]]:
-        window: list[tuple[_Request, int]] = []
+    def _next_batch(self, now: float) -> list[tuple[_Queued, int]]:
+        window: list[tuple[_Queued, int]] = []
         while self._queue and len(window) < WINDOW_FACTOR * self.max_batch_size:
             request, i = self._queue.popleft()
             if request.future.done():
@@ -433,7 +435,7 @@ class Batcher:
 
     # -- step 3: run it, and answer the requests it completes ------------------------------
 
-    async def _execute(self, batch: list[tuple[_Request, int]], now: float) -> None:
+    async def _execute(self, batch: list[tuple[_Queued, int]], now: float) -> None:
         waited = []
         for request, _ in batch:
             request.queued -= 1
@@ -450,7 +452,7 @@ class Batcher:
             return
         self._answer(done, answers)
 
-    def _infer(self, batch: list[tuple[_Request, int]]) -> tuple[list[_Request], list[Any]]:
+    def _infer(self, batch: list[tuple[_Queued, int]]) -> tuple[list[_Queued], list[Any]]:
         """In a thread: pad, run, slice each row's outputs; the answers of the requests whose
         last row this was (an exception in place of an answer fails only its request)."""
         rows = [request.rows[i] for request, i in batch]
@@ -468,7 +470,7 @@ class Batcher:
             self.metrics.inference.observe(time.perf_counter() - start)
         start = time.perf_counter()
         finite = _finite_rows(outputs, feeds["attention_mask"], self.sequence_outputs)
-        done: list[_Request] = []
+        done: list[_Queued] = []
         for k, (request, i) in enumerate(batch):
             n = len(rows[k])
             request.results[i] = {
@@ -485,7 +487,7 @@ class Batcher:
             self.metrics.postprocess.observe(time.perf_counter() - start)
         return done, answers
 
-    def _answers(self, done: list[_Request]) -> list[Any]:
+    def _answers(self, done: list[_Queued]) -> list[Any]:
         """The answers of `done`, in order. Jobs of one class answer together (`answer_many`:
         one softmax or normalisation over all their rows, where the task has one); an
         exception there falls back to one job at a time, so it fails only the job that raises
@@ -514,7 +516,7 @@ class Batcher:
                 answers[k] = self._answer_of(done[k])
         return answers
 
-    def _answer_of(self, request: _Request) -> Any:
+    def _answer_of(self, request: _Queued) -> Any:
         try:
             return request.job.answer(request.results)  # type: ignore[arg-type]
         except InvalidInput as exc:
@@ -523,7 +525,7 @@ class Batcher:
             log.exception("%s: post-processing failed", self.name)
             return BackendError(f"post-processing failed ({type(exc).__name__})")
 
-    def _answer(self, requests: list[_Request], answers: list[Any]) -> None:
+    def _answer(self, requests: list[_Queued], answers: list[Any]) -> None:
         for request, answer in zip(requests, answers, strict=True):
             if request.future.done():
                 continue
@@ -532,7 +534,7 @@ class Batcher:
             else:
                 request.future.set_result(answer)
 
-    def _fail(self, batch: list[tuple[_Request, int]], error: BackendError) -> None:
+    def _fail(self, batch: list[tuple[_Queued, int]], error: BackendError) -> None:
         for request, _ in batch:
             if not request.future.done():
                 self._forget(request)

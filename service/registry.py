@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import SynchronizedArray
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from heads.contract import OUTPUT_NAMES
 from heads.package import ModelPackage, find_packages, read_package
-from heads.rows import encode, load_tokenizer, row, template
+from heads.rows import encode, load_package_tokenizer, row, template
 from service.batcher import Admission, Batcher, pad
 from service.errors import InputError, ModelNotFound, NotReady
 from service.metrics import Metrics
@@ -42,12 +42,14 @@ REQUIRED_OUTPUTS = {task: set(names) for task, names in OUTPUT_NAMES.items()}
 
 @dataclass
 class LoadedModel:
+    """An opened package: its session, warmed up, and (once served) the batcher that runs it."""
+
     package: ModelPackage
     tokenizer: Tokenizer
     backend: Backend
-    batcher: Batcher
     variant: str
     warmup_seconds: float
+    batcher: Batcher = field(init=False)  # set by Registry._serve, on the event loop
 
     @property
     def name(self) -> str:
@@ -68,15 +70,6 @@ class Entry:
     task: str | None = None
     error: str | None = None
     model: LoadedModel | None = None
-
-
-@dataclass
-class _Opened:
-    package: ModelPackage
-    tokenizer: Tokenizer
-    backend: Backend
-    variant: str
-    warmup_seconds: float
 
 
 def sequence_outputs(package: ModelPackage) -> frozenset[str]:
@@ -130,7 +123,8 @@ class Registry:
                 opened = await asyncio.to_thread(self._open, entry.path)
                 if any(e.name == opened.package.name and e.state == "ready" for e in self.entries):
                     raise ValueError(f"another package is already named {opened.package.name!r}")
-                entry.model = self._serve(opened)
+                self._serve(opened)
+                entry.model = opened
             except Exception as exc:  # any failure stays with this package
                 entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                 log.error("%s: not served: %s", entry.path, entry.error)
@@ -146,7 +140,7 @@ class Registry:
         ready = sum(e.state == "ready" for e in self.entries)
         log.info("%d of %d packages ready", ready, len(self.entries))
 
-    def _open(self, path: Path) -> _Opened:
+    def _open(self, path: Path) -> LoadedModel:
         """Blocking part of loading (runs in a thread): read, verify, open, warm up."""
         start = time.perf_counter()
         package = read_package(path, verify=self.settings.verify_sha256)
@@ -154,7 +148,7 @@ class Registry:
         missing = REQUIRED_OUTPUTS[package.task] - declared
         if missing:
             raise ValueError(f"a {package.task} package needs outputs {sorted(missing)}")
-        tokenizer = load_tokenizer(package.tokenizer_path)
+        tokenizer = load_package_tokenizer(package.tokenizer_path)
         backend, variant = open_backend(package, self.settings)
         sample = row(template(tokenizer), encode(tokenizer, "warm up the model").ids)
         warm = time.perf_counter()
@@ -165,9 +159,10 @@ class Registry:
         if missing := declared - set(outputs):
             raise ValueError(f"the graph does not produce outputs {sorted(missing)}")
         log.info("%s: loaded in %.2fs", package.name, time.perf_counter() - start)
-        return _Opened(package, tokenizer, backend, variant, seconds)
+        return LoadedModel(package, tokenizer, backend, variant, seconds)
 
-    def _serve(self, opened: _Opened) -> LoadedModel:
+    def _serve(self, opened: LoadedModel) -> None:
+        """Give `opened` its batcher, started on this event loop."""
         package = opened.package
         s = self.settings
         if s.max_batch_tokens < package.max_seq_length:
@@ -191,14 +186,7 @@ class Registry:
         batcher.start()
         provider = opened.backend.provider
         self.metrics.model_info.labels(package.name, package.task, opened.variant, provider).set(1)
-        return LoadedModel(
-            package,
-            opened.tokenizer,
-            opened.backend,
-            batcher,
-            opened.variant,
-            opened.warmup_seconds,
-        )
+        opened.batcher = batcher
 
     async def shutdown(self, drain_timeout: float) -> None:
         """Refuse new requests (and /ready), let in-flight ones finish, stop the workers."""

@@ -116,7 +116,7 @@ PromptName = Annotated[
 ]
 
 
-class _Request(BaseModel):
+class _Body(BaseModel):
     # extra="forbid": a misspelt option is an error, not a default. strict: JSON types as the
     # schema says (no "3" for 3, no 0 for false), so a client's type mistake is not guessed at.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -125,7 +125,7 @@ class _Request(BaseModel):
 # -- requests ----------------------------------------------------------------------------------
 
 
-class ClassifyRequest(_Request):
+class ClassifyRequest(_Body):
     inputs: TextsOrPairs = Field(description="A text, a list of texts, or [a, b] pairs (NLI).")
     top_k: int | None = Field(
         default=1, ge=1, le=10_000, description="Labels per input, best first; null = all."
@@ -139,7 +139,7 @@ class ClassifyRequest(_Request):
     model: ModelName = None
 
 
-class NerRequest(_Request):
+class NerRequest(_Body):
     inputs: Texts
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
     ignore_labels: list[Text] | None = Field(
@@ -155,7 +155,7 @@ class NerRequest(_Request):
     model: ModelName = None
 
 
-class QaInput(_Request):
+class QaInput(_Body):
     question: Text
     context: Text
 
@@ -182,7 +182,7 @@ _QA_FORMS: JsonDict = {
 }
 
 
-class QaRequest(_Request):
+class QaRequest(_Body):
     model_config = ConfigDict(json_schema_extra=_QA_FORMS)
 
     question: Text | None = None
@@ -237,7 +237,7 @@ class QaRequest(_Request):
         return self
 
 
-class EmbedRequest(_Request):
+class EmbedRequest(_Body):
     inputs: Texts
     normalize: bool | None = Field(
         default=None, description="L2-normalise; default the package's choice (true)."

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: give --package, or --checkpoint with --task", file=sys.stderr)
         return 2
     if args.package:
-        from heads.rows import load_tokenizer as load_package_tokenizer
+        from heads.rows import load_package_tokenizer
 
         runner, package = onnx_runner(args.package, args.variant)
         task, labels = args.task or package.task, package.labels

@@ -54,7 +54,7 @@ from heads.tasks import one_by_one
 __all__ = [
     "STRATEGIES",
     "Job",
-    "Window",
+    "TextWindow",
     "WindowedText",
     "default_stride",
     "postprocess",
@@ -66,7 +66,7 @@ STRATEGIES = ("none", "simple", "first", "average", "max")
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class TextWindow:
     """One model row over text tokens [start, stop).
 
     offsets (L, 2): character offsets of each row position, (0, 0) on [CLS] / [SEP];
@@ -86,7 +86,7 @@ class WindowedText:
 
     text: str
     tokens: Tokens
-    windows: list[Window]
+    windows: list[TextWindow]
 
     @property
     def sequences(self) -> list[Sequence]:
@@ -136,7 +136,9 @@ def _windowed(
         special = np.ones(before + n + after, dtype=bool)
         special[before : before + n] = False
         seq = row(layout, text_tokens.ids[start:stop])
-        out.append(Window(sequence=seq, start=start, stop=stop, offsets=offsets, special=special))
+        out.append(
+            TextWindow(sequence=seq, start=start, stop=stop, offsets=offsets, special=special)
+        )
     return WindowedText(text=text, tokens=text_tokens, windows=out)
 
 

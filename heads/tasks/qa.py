@@ -53,7 +53,7 @@ from heads.tasks import one_by_one
 
 __all__ = [
     "Job",
-    "Window",
+    "ContextWindow",
     "WindowedContext",
     "decode_spans",
     "default_stride",
@@ -67,7 +67,7 @@ _MASKED = -10000.0
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class ContextWindow:
     """One model row; its context tokens sit at row positions [context_start, context_start + n).
 
     offsets (n, 2): character offsets of those tokens in the context;
@@ -86,7 +86,7 @@ class WindowedContext:
     """A context and the windows (model rows) that cover it, each beside the question."""
 
     context: str
-    windows: list[Window]
+    windows: list[ContextWindow]
 
     @property
     def sequences(self) -> list[Sequence]:
@@ -170,7 +170,7 @@ def _windowed(
     for start, stop in windows(len(c), room, stride):
         offsets = c.offsets[start:stop]
         out.append(
-            Window(
+            ContextWindow(
                 sequence=row(template(tokenizer), q.ids, c.ids[start:stop]),
                 context_start=len(layout.prefix) + len(q) + len(layout.middle),
                 offsets=offsets,

@@ -330,7 +330,7 @@ def test_minilm_package_matches_sentence_transformers(
     minilm_package: ModelPackage, minilm_path: Path, shared_data: Path
 ) -> None:
     st = pytest.importorskip("sentence_transformers")
-    from heads.rows import load_tokenizer, pad
+    from heads.rows import load_package_tokenizer, pad
     from heads.tasks import embed
 
     pkg = minilm_package
@@ -344,7 +344,9 @@ def test_minilm_package_matches_sentence_transformers(
     lines = (shared_data / "sst2" / "dev.tsv").read_text().splitlines()[1:65]
     sentences = [line.split("\t")[0] for line in lines]
 
-    rows = embed.preprocess(load_tokenizer(pkg.tokenizer_path), sentences, pkg.max_seq_length)
+    rows = embed.preprocess(
+        load_package_tokenizer(pkg.tokenizer_path), sentences, pkg.max_seq_length
+    )
     feed = pad(rows.sequences)
     fp32 = embed.postprocess(session(pkg.variant_path("fp32")).run(None, feed)[0], normalize=True)
     int8 = embed.postprocess(session(pkg.variant_path("int8")).run(None, feed)[0], normalize=True)
