@@ -106,13 +106,14 @@ class Engine:
         call: Call | None = None,
     ) -> Awaitable[list[list[dict[str, Any]]]]:
         """Per input (a text or an (a, b) pair) its top_k `{label, score}`, best first."""
+        items = list(inputs)  # one copy: the size check and the job read the same list
         return self.run(
             "classification",
             model,
-            list(inputs),
+            items,
             lambda package: classify.Job(
                 package,
-                list(inputs),
+                items,
                 top_k=top_k,
                 function_to_apply=function_to_apply,
                 truncate=truncate,
@@ -132,13 +133,14 @@ class Engine:
     ) -> Awaitable[list[list[dict[str, Any]]]]:
         """Per text its entities `{entity_group, score, word, start, end}` (or one entry per
         token with aggregation_strategy "none")."""
+        items = list(texts)
         return self.run(
             "token-classification",
             model,
-            list(texts),
+            items,
             lambda package: ner.Job(
                 package,
-                list(texts),
+                items,
                 aggregation_strategy=aggregation_strategy,
                 ignore_labels=ignore_labels,
                 stride=stride,
@@ -161,13 +163,14 @@ class Engine:
         """Per (question, context) its best span `{answer, score, start, end}` (None when the
         context has none), or with top_k > 1 a list of up to top_k, best first (the
         transformers pipeline's option names)."""
+        items = list(pairs)
         return self.run(
             "question-answering",
             model,
-            list(pairs),
+            items,
             lambda package: qa.Job(
                 package,
-                list(pairs),
+                items,
                 top_k=top_k,
                 max_answer_len=max_answer_len,
                 max_seq_length=max_seq_len,
@@ -193,17 +196,19 @@ class Engine:
         """(N, H) float32: one vector per text (the package's pooling and normalisation unless
         `normalize` says otherwise; `layers` for a package exported with hidden states)."""
 
+        items = list(texts)
+
         def job(package: ModelPackage) -> embed.Job:
             return embed.Job(
                 package,
-                list(texts),
+                items,
                 normalize=normalize,
                 truncate=truncate,
                 features=embed.features(package, layers, pooling, combine),
                 prompt=embed.prompt(package, prompt_name),
             )
 
-        return self.run("embedding", model, list(texts), job, call)
+        return self.run("embedding", model, items, job, call)
 
     # -- the one path ----------------------------------------------------------------------
 

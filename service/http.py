@@ -106,7 +106,7 @@ def routing_message(request: Request, status: int, headers: dict[str, str] | Non
         paths = ", ".join(request.app.openapi()["paths"])  # built once, then cached
         return f"no endpoint at {where}; the endpoints are {paths} (see /docs)"
     if status == 405:
-        allowed = (headers or {}).get("allow", (headers or {}).get("Allow", ""))
+        allowed = (headers or {}).get("Allow", "")  # Starlette's router names the methods
         return f"{where} is not allowed: this path takes {allowed or 'another method'} (see /docs)"
     return None
 
