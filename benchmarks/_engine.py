@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from heads.rows import Sequence, pad
-from service.batcher import CPU_PAD_LIMIT, next_batch
+from service.batcher import CPU_PAD_LIMIT
+from service.job_queue import next_batch
 from service.runtime import CPU, OrtBackend
 from service.settings import Settings
 

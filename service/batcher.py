@@ -1,7 +1,8 @@
-"""Token-budget dynamic batching per model, admission control, deadlines.
+"""The worker of one model: tokenize, batch, run, answer.
 
-Requests arrive as `Job`s (heads.tasks): texts plus what to do with them. One worker task per
-model, in a loop:
+Requests arrive as `Job`s (heads.tasks): texts plus what to do with them. The queue policy
+(admission, deadlines, disconnect drops, which rows form the next batch) is service.job_queue;
+this module runs it. One worker task per model, in a loop:
 
 1. encode the texts of every job that arrived since its last look in one `encode_batch` call
    (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows, in a thread
@@ -29,26 +30,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from heads.rows import InvalidInput, Outputs, Sequence, pad
+from heads.rows import InvalidInput, Sequence, pad
 from heads.tasks import Job
-from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
+from service.errors import BackendError, NotReady
+from service.job_queue import JobQueue, Queued
 from service.metrics import ModelMetrics
 from service.runtime import Backend
 
-__all__ = ["Admission", "Batcher", "grow_batch", "next_batch", "pad"]
+__all__ = ["Batcher", "pad"]
 
 log = logging.getLogger(__name__)
 
-# How many queued rows the batch builder looks at, in units of max_batch_size: enough choice to
-# group similar lengths, small enough that sorting it costs nothing next to a forward pass.
-WINDOW_FACTOR = 4
 # On CPU a padded position costs as much as a real token, and one more forward pass costs
 # little beyond its tokens: a row joins a CPU batch only if it adds at most this many padded
 # tokens; the others form the next batch. SST-2 sentences in batches of 16 on 2 cores ran
@@ -70,105 +67,6 @@ SERIAL_BELOW = 8
 INLINE_CHARS = 512
 
 
-class Admission:
-    """At most `limit` requests in flight; the next one is refused with 429 at once rather than
-    queued without bound (a queue that only grows turns every request into a timeout)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def acquire(self) -> None:
-        if self.in_flight >= self.limit:
-            raise Overloaded(
-                f"{self.in_flight} requests in flight (max_concurrent_requests); retry later",
-                retry_after=1.0,
-            )
-        self.in_flight += 1
-        self._idle.clear()
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is in flight; False if `timeout` seconds passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
-
-@dataclass(eq=False)
-class _Queued:
-    """One job in the batcher's queue, and what became of its rows."""
-
-    job: Job
-    deadline: float  # loop.time() clock
-    enqueued: float
-    future: asyncio.Future[Any]
-    rows: list[Sequence] = field(default_factory=list)  # set once the job is tokenized
-    results: list[Outputs | None] = field(default_factory=list)
-    unfinished: int = 0  # rows without outputs yet
-    queued: int = 1  # rows not yet taken into a batch; 1 until tokenized (the job itself)
-    started: bool = False
-    nonfinite: bool = False  # a row's outputs hold a NaN or an infinity
-    timer: asyncio.TimerHandle | None = None
-
-
-def grow_batch(
-    lengths: list[int],
-    seed: int,
-    max_tokens: int,
-    max_size: int,
-    pad_limit: int | None = None,
-) -> tuple[int, int]:
-    """Indices [lo, hi) of sorted `lengths` that form the batch containing `seed`.
-
-    Shorter neighbours first (they do not raise the padded length), then longer ones, while
-    size x longest <= max_tokens and size <= max_size. With `pad_limit`, a row joins only if
-    it adds at most that many padded tokens (a shorter row: its own padding; a longer row: the
-    padding it adds to the rows already in). The seed alone always fits.
-    """
-    lo, hi = seed, seed + 1
-
-    def fits(size: int, longest: int) -> bool:
-        return size <= max_size and size * longest <= max_tokens
-
-    while True:
-        longest = lengths[hi - 1]
-        if (
-            lo > 0
-            and fits(hi - lo + 1, longest)
-            and (pad_limit is None or longest - lengths[lo - 1] <= pad_limit)
-        ):
-            lo -= 1
-        elif (
-            hi < len(lengths)
-            and fits(hi - lo + 1, lengths[hi])
-            and (pad_limit is None or (hi - lo) * (lengths[hi] - longest) <= pad_limit)
-        ):
-            hi += 1
-        else:
-            return lo, hi
-
-
-def next_batch(
-    lengths: list[int], max_tokens: int, max_size: int, pad_limit: int | None = None
-) -> list[int]:
-    """Indices of the rows (`lengths` in arrival order, the oldest first) that form the next
-    batch, shortest first: the rows sorted by length (stable, so ties keep FIFO order) and a
-    batch grown around the oldest by `grow_batch`, so no row starves."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    sorted_lengths = [lengths[k] for k in order]
-    lo, hi = grow_batch(sorted_lengths, order.index(0), max_tokens, max_size, pad_limit)
-    return order[lo:hi]
-
-
 def _finite_rows(
     outputs: dict[str, np.ndarray], mask: np.ndarray, sequence_outputs: frozenset[str]
 ) -> np.ndarray | None:
@@ -186,8 +84,8 @@ def _finite_rows(
 
 
 class Batcher:
-    """The queue and worker of one model. Create, `start()` inside the event loop, `enqueue()`
-    (or `await submit()`) jobs from request handlers, `stop()` at shutdown."""
+    """The worker of one model over its JobQueue. Create, `start()` inside the event loop,
+    `enqueue()` (or `await submit()`) jobs from request handlers, `stop()` at shutdown."""
 
     def __init__(
         self,
@@ -206,23 +104,20 @@ class Batcher:
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.sequence_outputs = sequence_outputs
-        self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000
         self.pad_token_id = pad_token_id
-        self.pad_limit = CPU_PAD_LIMIT if backend.provider == "cpu" else None
         self.name = name
-        self._inbox: list[_Queued] = []  # jobs not yet tokenized
-        self._queue: deque[tuple[_Queued, int]] = deque()
-        # Rows of live requests in _queue (dead ones are skipped lazily), and 1 per job not yet
-        # tokenized. The gauge reads it at scrape time: no metric write per request.
-        self._queued_rows = 0
-        metrics.queue_depth.set_function(lambda: self._queued_rows)
-        self._wake = asyncio.Event()
+        self.queue = JobQueue(
+            metrics,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+            pad_limit=CPU_PAD_LIMIT if backend.provider == "cpu" else None,
+        )
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tokenizing: list[_Queued] = []  # requests in the encoder's thread now
-        self._running: list[_Queued] = []  # requests with rows in the backend's thread now
+        self._tokenizing: list[Queued] = []  # requests in the encoder's thread now
+        self._running: list[Queued] = []  # requests with rows in the backend's thread now
 
     def start(self) -> None:
         # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
@@ -240,13 +135,8 @@ class Batcher:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
-        waiting = [*self._running, *self._tokenizing, *self._inbox, *(r for r, _ in self._queue)]
-        for request in waiting:
-            if not request.future.done():
-                request.future.set_exception(NotReady("the service is shutting down"))
-        self._inbox, self._tokenizing, self._running = [], [], []
-        self._queue.clear()
-        self._set_depth(0)
+        self.queue.close([*self._running, *self._tokenizing])
+        self._tokenizing, self._running = [], []
 
     def enqueue(self, job: Job, deadline: float) -> asyncio.Future[Any]:
         """Queue `job`; the future gets its answer, or raises DeadlineExceeded when `deadline`
@@ -256,83 +146,45 @@ class Batcher:
         loop = self._loop
         if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
-        request = _Queued(job, deadline, loop.time(), loop.create_future())
-        request.timer = loop.call_at(deadline, self._expire, request)
-        request.future.add_done_callback(lambda _: self._finished(request))
-        self._inbox.append(request)
-        self._set_depth(self._queued_rows + 1)
-        self._wake.set()
-        return request.future
+        return self.queue.put(job, deadline, loop).future
 
     async def submit(self, job: Job, deadline: float) -> Any:
         """`enqueue` and wait for the answer; cancelling the caller drops the job."""
         return await self.enqueue(job, deadline)
 
-    def _expire(self, request: _Queued) -> None:
-        if request.future.done():
-            return
-        if request.queued:  # counted only when it saves compute: rows still queued
-            self.metrics.dropped_deadline.inc()
-        self._forget(request)
-        request.future.set_exception(
-            DeadlineExceeded("request_timeout passed before the model answered")
-        )
-
-    def _finished(self, request: _Queued) -> None:
-        """Done callback of every request's future: an answer, an error, or a cancel."""
-        if request.timer is not None:
-            request.timer.cancel()
-        if request.future.cancelled():
-            # The handler gave up: the client is gone. Its queued rows will be skipped.
-            if request.queued:
-                self.metrics.dropped_client_gone.inc()
-            self._forget(request)
-
-    def _forget(self, request: _Queued) -> None:
-        """Take a finished request's still-queued rows out of the depth count."""
-        self._set_depth(self._queued_rows - request.queued)
-        request.queued = 0
-
-    def _set_depth(self, rows: int) -> None:
-        self._queued_rows = rows
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        queue = self.queue
         while True:
-            if not self._inbox and self._queued_rows == 0:
-                self._wake.clear()
-                await self._wake.wait()
+            if queue.empty:
+                queue.arrived.clear()
+                await queue.arrived.wait()
                 continue
-            new = self._take_inbox()
-            if new and not any(not r.future.done() for r, _ in self._queue):
+            new = queue.take_new()
+            if new and queue.oldest() is None:
                 # idle model: these rows are the next batch
                 if len(new) == 1 and sum(map(len, new[0].job.texts)) <= INLINE_CHARS:
                     self._tokenize_here(new)
                 else:
                     await self._tokenize(new)
                 new = []
-            if self.max_wait and self._queued_rows < self.max_batch_size:
-                oldest = next((r for r, _ in self._queue if not r.future.done()), None)
+            if self.max_wait and queue.depth < self.max_batch_size:
+                oldest = queue.oldest()
                 if (
                     oldest is not None
                     and (wait := oldest.enqueued + self.max_wait - loop.time()) > 0
                 ):
                     await asyncio.sleep(wait)
-                    if new := new + self._take_inbox():
+                    if new := new + queue.take_new():
                         await self._tokenize(new)
                         new = []
-            batch = self._next_batch(loop.time())
+            batch = queue.next_batch()
             work = [self._guarded(self._execute(batch, loop.time()), batch)] if batch else []
             if new:
                 work.append(self._tokenize(new))
             await asyncio.gather(*work)
 
-    def _take_inbox(self) -> list[_Queued]:
-        new = [r for r in self._inbox if not r.future.done()]
-        self._inbox = []
-        return new
-
-    async def _guarded(self, step: Any, batch: list[tuple[_Queued, int]]) -> None:
+    async def _guarded(self, step: Any, batch: list[tuple[Queued, int]]) -> None:
         self._running = [r for r, _ in batch]
         try:
             await step
@@ -343,7 +195,7 @@ class Batcher:
 
     # -- step 1: texts -> rows -------------------------------------------------------------
 
-    async def _tokenize(self, requests: list[_Queued]) -> None:
+    async def _tokenize(self, requests: list[Queued]) -> None:
         start = time.perf_counter()
         self._tokenizing = requests
         try:
@@ -356,7 +208,7 @@ class Batcher:
             self._tokenizing = []
         self._take_rows(requests, made, start)
 
-    def _tokenize_here(self, requests: list[_Queued]) -> None:
+    def _tokenize_here(self, requests: list[Queued]) -> None:
         """`_tokenize` on the event loop (see INLINE_CHARS)."""
         start = time.perf_counter()
         try:
@@ -367,7 +219,7 @@ class Batcher:
         self._take_rows(requests, made, start)
 
     def _take_rows(
-        self, requests: list[_Queued], made: list[list[Sequence] | Exception], start: float
+        self, requests: list[Queued], made: list[list[Sequence] | Exception], start: float
     ) -> None:
         self.metrics.tokenization.observe(time.perf_counter() - start)
         truncated = windowed = 0
@@ -375,19 +227,13 @@ class Batcher:
             if request.future.done():  # gone or expired meanwhile
                 continue
             if isinstance(rows, Exception):
-                self._forget(request)
-                request.future.set_exception(rows)
+                self.queue.fail(request, rows)
                 continue
             truncated += request.job.truncated
             windowed += request.job.windowed
-            request.rows = rows
-            request.results = [None] * len(rows)
-            request.unfinished = len(rows)
-            self._set_depth(self._queued_rows - 1 + len(rows))
-            request.queued = len(rows)
+            self.queue.add_rows(request, rows)
             if not rows:
                 self._answer([request], [request.job.answer([])])
-            self._queue.extend((request, i) for i in range(len(rows)))
         if truncated:
             self.metrics.truncated.inc(truncated)
         if windowed:
@@ -415,36 +261,16 @@ class Batcher:
             at += n
         return out
 
-    # -- step 2: the next batch ------------------------------------------------------------
-
-    def _next_batch(self, now: float) -> list[tuple[_Queued, int]]:
-        window: list[tuple[_Queued, int]] = []
-        while self._queue and len(window) < WINDOW_FACTOR * self.max_batch_size:
-            request, i = self._queue.popleft()
-            if request.future.done():
-                continue
-            window.append((request, i))
-        if not window:  # the queue held only finished requests' rows: none is queued
-            self._set_depth(sum(not r.future.done() for r in self._inbox))
-            return []
-        lengths = [len(request.rows[i]) for request, i in window]  # window[0]: the oldest
-        picked = next_batch(lengths, self.max_batch_tokens, self.max_batch_size, self.pad_limit)
-        chosen = set(picked)
-        self._queue.extendleft(reversed([window[k] for k in range(len(window)) if k not in chosen]))
-        return [window[k] for k in picked]
-
     # -- step 3: run it, and answer the requests it completes ------------------------------
 
-    async def _execute(self, batch: list[tuple[_Queued, int]], now: float) -> None:
+    async def _execute(self, batch: list[tuple[Queued, int]], now: float) -> None:
         waited = []
         for request, _ in batch:
-            request.queued -= 1
             if not request.started:
                 request.started = True
                 waited.append(now - request.enqueued)
         for seconds in waited:
             self.metrics.queue_wait.observe(seconds)
-        self._set_depth(self._queued_rows - len(batch))
         try:
             done, answers = await asyncio.to_thread(self._infer, batch)
         except Exception as exc:
@@ -452,7 +278,7 @@ class Batcher:
             return
         self._answer(done, answers)
 
-    def _infer(self, batch: list[tuple[_Queued, int]]) -> tuple[list[_Queued], list[Any]]:
+    def _infer(self, batch: list[tuple[Queued, int]]) -> tuple[list[Queued], list[Any]]:
         """In a thread: pad, run, slice each row's outputs; the answers of the requests whose
         last row this was (an exception in place of an answer fails only its request)."""
         rows = [request.rows[i] for request, i in batch]
@@ -470,7 +296,7 @@ class Batcher:
             self.metrics.inference.observe(time.perf_counter() - start)
         start = time.perf_counter()
         finite = _finite_rows(outputs, feeds["attention_mask"], self.sequence_outputs)
-        done: list[_Queued] = []
+        done: list[Queued] = []
         for k, (request, i) in enumerate(batch):
             n = len(rows[k])
             request.results[i] = {
@@ -487,7 +313,7 @@ class Batcher:
             self.metrics.postprocess.observe(time.perf_counter() - start)
         return done, answers
 
-    def _answers(self, done: list[_Queued]) -> list[Any]:
+    def _answers(self, done: list[Queued]) -> list[Any]:
         """The answers of `done`, in order. Jobs of one class answer together (`answer_many`:
         one softmax or normalisation over all their rows, where the task has one); an
         exception there falls back to one job at a time, so it fails only the job that raises
@@ -516,7 +342,7 @@ class Batcher:
                 answers[k] = self._answer_of(done[k])
         return answers
 
-    def _answer_of(self, request: _Queued) -> Any:
+    def _answer_of(self, request: Queued) -> Any:
         try:
             return request.job.answer(request.results)  # type: ignore[arg-type]
         except InvalidInput as exc:
@@ -525,7 +351,7 @@ class Batcher:
             log.exception("%s: post-processing failed", self.name)
             return BackendError(f"post-processing failed ({type(exc).__name__})")
 
-    def _answer(self, requests: list[_Queued], answers: list[Any]) -> None:
+    def _answer(self, requests: list[Queued], answers: list[Any]) -> None:
         for request, answer in zip(requests, answers, strict=True):
             if request.future.done():
                 continue
@@ -534,8 +360,6 @@ class Batcher:
             else:
                 request.future.set_result(answer)
 
-    def _fail(self, batch: list[tuple[_Queued, int]], error: BackendError) -> None:
+    def _fail(self, batch: list[tuple[Queued, int]], error: BackendError) -> None:
         for request, _ in batch:
-            if not request.future.done():
-                self._forget(request)
-                request.future.set_exception(error)
+            self.queue.fail(request, error)

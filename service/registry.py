@@ -28,8 +28,9 @@ from tokenizers import Tokenizer
 from heads.contract import OUTPUT_NAMES
 from heads.package import ModelPackage, find_packages, read_package
 from heads.rows import encode, load_package_tokenizer, row, template
-from service.batcher import Admission, Batcher, pad
+from service.batcher import Batcher, pad
 from service.errors import InputError, ModelNotFound, NotReady
+from service.job_queue import Admission
 from service.metrics import Metrics
 from service.runtime import Backend, open_backend, warm_up
 from service.settings import Settings

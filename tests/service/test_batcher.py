@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from heads.rows import Outputs, Sequence
-from service.batcher import INLINE_CHARS, Admission, Batcher, grow_batch, next_batch, pad
+from service.batcher import INLINE_CHARS, Batcher, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
+from service.job_queue import Admission, grow_batch, next_batch
 from service.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
