@@ -9,8 +9,8 @@ theirs (bert-base-uncased, all-MiniLM-L6-v2, a fine-tuned head) open here.
 
 Other BERT-family checkpoints (config.json model_type albert, roberta, xlm-roberta, camembert,
 electra, distilbert) load and save under their own transformers names (AlbertModel,
-RobertaForSequenceClassification, ...), mapped by `training/layouts.py`; the pretraining head
-exists for bert and albert only.
+RobertaForSequenceClassification, ...), each renamed by its module in `training/families/`;
+the pretraining head exists for bert and albert only.
 
 A checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin, or a sharded
 model.safetensors.index.json) and optionally tokenizer.json / vocab.txt. Parameter names are
@@ -50,8 +50,8 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from heads.contract import POOLINGS
-from training import layouts
 from training.config import BertConfig, ConfigError
+from training.families import FAMILIES, TASK_OF_ARCHITECTURE, Family
 from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
@@ -63,7 +63,6 @@ PYTORCH_BIN = "pytorch_model.bin"
 
 # config.json's architectures -> task, every family's (BertForSequenceClassification,
 # RobertaModel, ...): what load_model builds when no task is given.
-TASK_OF_ARCHITECTURE = layouts.TASK_OF_ARCHITECTURE
 
 HEAD_MODULES = (
     "bert.pooler.",
@@ -340,7 +339,7 @@ def _match(
     state: dict[str, Tensor],
     path: Path,
     task: str,
-    layout: layouts.Layout,
+    layout: Family,
     foreign: list[str],
 ) -> dict[str, Tensor]:
     """Check `state` (our names) against the model; return what to load. Raises on anything
@@ -438,14 +437,15 @@ def load_model(
         head_args.setdefault("pooling", st.pooling)
         head_args.setdefault("normalize", st.normalize)
         head_args["dense"], dense_state = _st_dense(st, config.hidden_size)
-    if task == "pretraining" and config.model_type not in ("bert", "albert"):
+    if task == "pretraining" and not config.family.pretraining:
+        with_head = " and ".join(t for t, f in FAMILIES.items() if f.pretraining)
         raise CheckpointError(
-            f"{directory}: {config.model_type} has no pretraining head here (bert and albert "
+            f"{directory}: {config.model_type} has no pretraining head here ({with_head} "
             "only); pass task= classification, token-classification, question-answering or "
             "embedding"
         )
     model = HEADS[task](config, **head_args)
-    layout = layouts.LAYOUTS[config.model_type]
+    layout = config.family
     state = load_state_dict_file(directory)
     # Names in BERT's layout under another family's config.json: our own names, so they would
     # load unnoticed into, say, RoBERTa's position scheme. They belong to another model.
@@ -578,7 +578,7 @@ def save_model(
         for k, v in model.state_dict().items()
         if k != TIED and not (task == "embedding" and k.startswith("dense."))
     }
-    layout = layouts.LAYOUTS[config.model_type]
+    layout = config.family
     state = {layout.to_hf(k): v for k, v in state.items()}
     if task == "embedding":  # a bare BertModel / RobertaModel..., as sentence-transformers has it
         state = {k.removeprefix(layout.prefix): v for k, v in state.items()}

@@ -12,12 +12,9 @@ position and segment embeddings of width E, then one E -> H projection) and `sha
 (one layer's weights applied num_hidden_layers times). Between bert and albert, embedding_size
 decides: a BERT config given one is an ALBERT config, in transformers' AlbertConfig terms.
 
-The other BERT-family checkpoints are the same encoder too, told apart by `model_type` (the
-config.json field): RoBERTa, XLM-R and CamemBERT count positions from pad_token_id + 1 over
-the real tokens and usually have type_vocab_size 1; ELECTRA's discriminator projects E -> H
-like ALBERT (without sharing); DistilBERT has no token-type embeddings (type_vocab_size 0) and
-optionally a fixed sinusoidal position table (`sinusoidal_pos_embds`), and its config.json
-uses its own names (dim, n_layers, ...). Heads differ per family: see training/model.py.
+The other checkpoint families are the same encoder too, told apart by `model_type` (the
+config.json field). What each family's config.json names differently, which options it may
+set and what it checks is its module's (training/families/); this class applies them.
 """
 
 from __future__ import annotations
@@ -29,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from heads.contract import HF_PROBLEM_TYPES, POOLINGS
+from training.families import FAMILIES, ConfigError, Family, albert, family_of
+from training.families.base import OPTIONS
 
 # (layers, hidden): Turc et al. 2019, "Well-Read Students Learn Better" (tiny..medium) and
 # Devlin et al. 2018 (base, large). Heads = hidden / 64, FFN = 4 * hidden, as in both papers.
@@ -42,17 +41,10 @@ PRESETS: dict[str, tuple[int, int]] = {
     "albert-base": (12, 768),  # Lan et al. 2019, Table 1: 12M parameters (BERT-base: 108M)
     "albert-large": (24, 1024),  # Table 1: 18M (BERT-large: 334M)
 }
-# ALBERT's recipe on top of the shape (Lan et al. 2019 §3.1, §4.9; google-research/albert's
-# albert_base v2 config): E = 128, every layer shared, no dropout, and the tanh-approximated
-# GELU of ALBERT's modeling.py (transformers' "gelu_new").
-ALBERT = dict(
-    embedding_size=128,
-    share_layers=True,
-    hidden_act="gelu_new",
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
-PRESET_OPTIONS: dict[str, dict[str, Any]] = {"albert-base": ALBERT, "albert-large": ALBERT}
+PRESET_OPTIONS: dict[str, dict[str, Any]] = {
+    "albert-base": albert.RECIPE,
+    "albert-large": albert.RECIPE,
+}
 
 PROBLEM_TYPES = tuple(HF_PROBLEM_TYPES)  # Hugging Face config.json spelling
 
@@ -78,38 +70,6 @@ FEATURES: dict[str, tuple[tuple[int, ...] | str, str]] = {
     "last4-sum": ((-4, -3, -2, -1), "sum"),  # 95.9 (learned weights, starting equal)
     "all-sum": ("layers", "sum"),  # 95.5: every layer's output, embeddings excluded
 }
-
-
-ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")  # one layout, three tokenizers
-MODEL_TYPES = ("bert", "albert", *ROBERTA_FAMILY, "electra", "distilbert")
-# Fields transformers' config classes default when config.json leaves them out (save_pretrained
-# writes only what differs from PretrainedConfig's own defaults, and pad 1 does).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    **{t: {"pad_token_id": 1} for t in ROBERTA_FAMILY},
-    "electra": {"embedding_size": 128},
-}
-# DistilBertConfig's names for BertConfig's fields; it has no token types and a fixed eps.
-DISTILBERT_NAMES = {
-    "hidden_size": "dim",
-    "num_hidden_layers": "n_layers",
-    "num_attention_heads": "n_heads",
-    "intermediate_size": "hidden_dim",
-    "hidden_act": "activation",
-    "hidden_dropout_prob": "dropout",
-    "attention_probs_dropout_prob": "attention_dropout",
-}
-DISTILBERT_LAYER_NORM_EPS = 1e-12  # hard-coded in modeling_distilbert's LayerNorms
-
-
-class ConfigError(ValueError):
-    """A config.json that cannot describe a BERT encoder."""
-
-
-def _check_model_type(model_type: str) -> None:
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(
-            f"model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
-        )
 
 
 @dataclass(frozen=True)
@@ -148,12 +108,10 @@ class BertConfig:
     classifier_pooling: str = "cls"
 
     def __post_init__(self) -> None:
-        _check_model_type(self.model_type)
-        if self.model_type in ("bert", "albert"):  # frozen: set through object.__setattr__
-            bert_or_albert = "bert" if self.embedding_size is None else "albert"
-            object.__setattr__(self, "model_type", bert_or_albert)
-        if self.model_type == "electra" and self.embedding_size == self.hidden_size:
-            object.__setattr__(self, "embedding_size", None)  # ElectraModel has no projection then
+        family = family_of(self.model_type)
+        for name, value in family.settle(self).items():  # frozen: set through __setattr__
+            object.__setattr__(self, name, value)
+        family = self.family
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of "
@@ -173,25 +131,16 @@ class BertConfig:
             raise ConfigError(
                 f"features {self.features!r} needs more than {self.num_hidden_layers} layers"
             )
-        if self.share_layers and self.model_type != "albert":
-            # transformers' BERT has no shared layers, so the checkpoint could not be BERT's;
-            # ALBERT's always projects (embedding_size = hidden_size keeps the width).
-            raise ConfigError("share_layers is an ALBERT option: set embedding_size too")
-        if self.embedding_size is not None and self.model_type not in ("albert", "electra"):
+        for option in OPTIONS:
+            if getattr(self, option) not in (None, False) and option not in family.options:
+                raise ConfigError(f"{option} is {_owners(option)} option, not {family.name}'s")
+        if family.token_types == (self.type_vocab_size == 0):
+            without = " and ".join(f.name for f in FAMILIES.values() if not f.token_types)
             raise ConfigError(
-                f"embedding_size is an ALBERT or ELECTRA option, not {self.model_type}"
-            )
-        if self.sinusoidal_pos_embds and self.model_type != "distilbert":
-            raise ConfigError("sinusoidal_pos_embds is a DistilBERT option")
-        if (self.model_type == "distilbert") != (self.type_vocab_size == 0):
-            raise ConfigError(
-                f"type_vocab_size {self.type_vocab_size}: DistilBERT, and only DistilBERT, "
+                f"type_vocab_size {self.type_vocab_size}: {without}, and only {without}, "
                 "has no token-type embeddings (type_vocab_size 0)"
             )
-        if self.model_type == "distilbert" and self.layer_norm_eps != DISTILBERT_LAYER_NORM_EPS:
-            raise ConfigError(
-                f"DistilBERT's layer_norm_eps is fixed at {DISTILBERT_LAYER_NORM_EPS}"
-            )
+        family.check(self)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
@@ -210,11 +159,16 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     @property
+    def family(self) -> Family:
+        """The checkpoint family (training/families/) of model_type."""
+        return family_of(self.model_type)
+
+    @property
     def position_offset(self) -> int:
         """Where real tokens' position ids start. 0: BERT's 0, 1, 2... for every token. RoBERTa
         family: pad_token_id + 1, counting real tokens only, padding at pad_token_id (fairseq's
         make_positions), so only max_position_embeddings - pad_token_id - 1 tokens fit."""
-        return self.pad_token_id + 1 if self.model_type in ROBERTA_FAMILY else 0
+        return self.pad_token_id + 1 if self.family.positions_after_pad else 0
 
     @property
     def max_tokens(self) -> int:
@@ -223,8 +177,8 @@ class BertConfig:
 
     @property
     def has_pooler(self) -> bool:
-        """ELECTRA and DistilBERT encoders have no pooler (no NSP pretraining to train one)."""
-        return self.model_type not in ("electra", "distilbert")
+        """BERT's pooler (trained by NSP / SOP); ELECTRA's and DistilBERT's encoders have none."""
+        return self.family.has_pooler
 
     @property
     def feature_layers(self) -> list[int]:
@@ -246,6 +200,7 @@ class BertConfig:
     # --- Hugging Face config.json -------------------------------------------------------
 
     def to_dict(self, architecture: str | None = None) -> dict[str, Any]:
+        family = self.family
         d: dict[str, Any] = {"model_type": self.model_type}
         if architecture:
             d["architectures"] = [architecture]
@@ -256,46 +211,35 @@ class BertConfig:
                     d["id2label"] = {str(k): v for k, v in value.items()}
                     d["label2id"] = {v: k for k, v in value.items()}
                 continue
-            if f.name in ("problem_type", "embedding_size") and value is None:
+            if f.name in OPTIONS:  # written by the families that have them, in their terms
+                if f.name in family.options:
+                    d[f.name] = value
+                continue
+            if f.name == "problem_type" and value is None:
                 continue
             if f.name == "model_type" or (f.name, value) in (
                 ("features", "last"),
                 ("classifier_pooling", "cls"),
-                ("sinusoidal_pos_embds", False),
             ):
                 continue
-            if f.name == "share_layers":  # AlbertConfig's terms: groups of layers sharing weights
-                if self.model_type == "albert":
-                    d["num_hidden_groups"] = 1 if value else self.num_hidden_layers
-                    d["inner_group_num"] = 1
-                continue
             d[f.name] = value
-        if self.model_type == "electra":  # ElectraConfig says embedding_size even when E = H
-            d["embedding_size"] = self.embedding_size or self.hidden_size
-        if self.model_type == "distilbert":
-            del d["type_vocab_size"], d["layer_norm_eps"]
-            d["sinusoidal_pos_embds"] = self.sinusoidal_pos_embds
-            d = {DISTILBERT_NAMES.get(k, k): v for k, v in d.items()}
-        return d
+        return family.write_fields(d)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BertConfig:
-        model_type = d.get("model_type", "bert")
-        _check_model_type(model_type)
-        d = {**FAMILY_DEFAULTS.get(model_type, {}), **d}
-        if model_type == "distilbert":
-            d = _distilbert_fields(d)
+        family = family_of(d.get("model_type", "bert"))
+        d = family.read_fields({**family.defaults, **d})
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}  # unknown keys are ignored
         if d.get("id2label"):
             kwargs["id2label"] = {int(k): str(v) for k, v in d["id2label"].items()}
         elif "id2label" in kwargs:
             kwargs["id2label"] = None
-        kwargs.pop("share_layers", None)  # not an HF field: ALBERT says num_hidden_groups
-        if model_type == "albert":
-            kwargs.update(_albert_fields(d))
-        elif model_type != "electra":  # only ALBERT's and ELECTRA's mean a projection
-            kwargs.pop("embedding_size", None)
+        # config.json's own fields of these names mean something else in other families
+        # (BertConfig's embedding_size is not a projection); the family reads its own.
+        for option in OPTIONS:
+            if option not in family.options or option not in d:
+                kwargs.pop(option, None)
         return cls(**kwargs)
 
     def save(self, directory: str | Path, architecture: str | None = None) -> Path:
@@ -320,30 +264,7 @@ class BertConfig:
             raise ConfigError(f"{path}: {e}") from None
 
 
-def _albert_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """embedding_size and share_layers from an AlbertConfig dict (its defaults where absent).
-    ALBERT groups layers: num_hidden_groups groups of inner_group_num layers each, the
-    groups' weights applied in turn. We implement the two layouts ALBERT's paper trains: one
-    group (every layer shared) or one group per layer (none shared)."""
-    layers = d.get("num_hidden_layers", 12)
-    groups, inner = d.get("num_hidden_groups", 1), d.get("inner_group_num", 1)
-    if inner != 1 or groups not in (1, layers):
-        raise ConfigError(
-            f"ALBERT with num_hidden_groups {groups} and inner_group_num {inner} is not "
-            f"supported: one group (all layers shared) or {layers} (none), of one layer each"
-        )
-    return {
-        "embedding_size": d.get("embedding_size", 128),
-        "share_layers": groups == 1,
-        "hidden_act": d.get("hidden_act", "gelu_new"),
-    }
-
-
-def _distilbert_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """A DistilBertConfig dict in BertConfig's names (its defaults where absent)."""
-    defaults = {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
-                "activation": "gelu", "dropout": 0.1, "attention_dropout": 0.1}  # fmt: skip
-    out = {k: v for k, v in d.items() if k not in DISTILBERT_NAMES}  # its attribute_map aliases
-    for ours, theirs in DISTILBERT_NAMES.items():
-        out[ours] = d.get(theirs, defaults[theirs])
-    return out | {"type_vocab_size": 0, "layer_norm_eps": DISTILBERT_LAYER_NORM_EPS}
+def _owners(option: str) -> str:
+    """'an ALBERT or ELECTRA': the families that may set `option`, with the article."""
+    names = " or ".join(f.name for f in FAMILIES.values() if option in f.options)
+    return ("an " if names[0] in "AEIOU" else "a ") + names

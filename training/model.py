@@ -5,14 +5,13 @@ one onto Hugging Face checkpoints (see `training/checkpoint.py`).
 
 ALBERT (Lan et al. 2019) is the same encoder with two config options: `embedding_size` E
 (embeddings of width E, projected to H by `encoder.embedding_hidden_mapping_in`) and
-`share_layers` (`encoder.layer` holds one layer, applied num_hidden_layers times). Its
-checkpoints use transformers' ALBERT names; `training/albert_layout.py` maps them.
+`share_layers` (`encoder.layer` holds one layer, applied num_hidden_layers times).
 
-RoBERTa (XLM-R, CamemBERT), ELECTRA and DistilBERT are this encoder too, with options set by
-config.model_type (see training/config.py): RoBERTa's position ids, ELECTRA's E -> H
-projection (ALBERT's module), DistilBERT's missing token types and sinusoidal positions. Their
-heads are transformers' own per family (classification differs; token and QA heads do not),
-and `training/layouts.py` maps their parameter names.
+RoBERTa (XLM-R, CamemBERT), ELECTRA and DistilBERT are this encoder too, with options their
+family sets (training/families/): RoBERTa's position ids, ELECTRA's E -> H projection
+(ALBERT's module), DistilBERT's missing token types and sinusoidal positions. Their heads are
+transformers' own per family (classification differs, `Family.classifier`; token and QA heads
+do not), and each family module maps its parameter names.
 
     >>> from training.config import BertConfig
     >>> from training.model import BertForSequenceClassification
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 
 from heads.contract import POOLINGS
 from training.config import FEATURES, BertConfig
+from training.families import FAMILIES
 
 ACT = {
     "gelu": nn.GELU(),  # exact erf GELU, as the original BERT code
@@ -254,6 +254,10 @@ class BertModel(nn.Module):
         return BertOutputs(last, pooled, hidden)
 
 
+def _pretrainable() -> str:
+    return " and ".join(t for t, f in FAMILIES.items() if f.pretraining)
+
+
 def init_weights(module: nn.Module, std: float) -> None:
     """BERT's initialisation: truncated-normal-like N(0, 0.02) weights, zero biases, unit LN."""
     for m in module.modules():
@@ -364,11 +368,11 @@ class BertForPreTraining(BertPreTrainedHead):
     """Masked LM + next-sentence (or sentence-order) prediction; loss = MLM + NSP."""
 
     def __init__(self, config: BertConfig) -> None:
-        if config.model_type not in ("bert", "albert"):
+        if not config.family.pretraining:
             # RoBERTa pretrains MLM only, ELECTRA a replaced-token discriminator, DistilBERT by
             # distillation: none has the NSP/SOP head this class trains.
             raise ValueError(
-                f"pretraining heads are implemented for bert and albert, not {config.model_type}"
+                f"pretraining heads are implemented for {_pretrainable()}, not {config.model_type}"
             )
         super().__init__(config)
         self.cls = BertPreTrainingHeads(config)
@@ -429,25 +433,10 @@ class ClassificationHead(nn.Module):
         return self.out_proj(self.dropout(self.act(self.dense(x))))
 
 
-# What each family's sequence classifier puts between the first token and the labels.
-# "pooler": BERT's pooler then a linear layer; "pre_classifier": DistilBERT's linear + ReLU
-# then a linear layer; an activation name: ClassificationHead with that activation (ELECTRA's
-# is GELU whatever hidden_act says, as in transformers).
-CLASSIFIER_HEADS = {
-    "bert": "pooler",
-    "albert": "pooler",
-    "roberta": "tanh",
-    "xlm-roberta": "tanh",
-    "camembert": "tanh",
-    "electra": "gelu",
-    "distilbert": "pre_classifier",
-}
-
-
 class BertForSequenceClassification(BertPreTrainedHead):
     """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", "max"...,
     the real tokens' last hidden states pooled that way) -> dropout -> linear; other families
-    put their own head (CLASSIFIER_HEADS) on the first token (or the pooled states). Loss by problem_type:
+    put their own head (their Family's `classifier`) on the first token (or the pooled states). Loss by problem_type:
     cross-entropy (single label), BCE-with-logits (multi label, float multi-hot labels), MSE
     (regression)."""
 
@@ -456,7 +445,7 @@ class BertForSequenceClassification(BertPreTrainedHead):
     ) -> None:
         if pooling is not None:
             config = config.replace(classifier_pooling=pooling)
-        head = CLASSIFIER_HEADS[config.model_type]
+        head = config.family.classifier  # training.families.base.CLASSIFIERS
         # mean pooling leaves the pooler unused: none is built (DDP refuses unused weights);
         # the other families' classifiers read hidden states, not the pooler.
         use_pooler = head == "pooler" and config.classifier_pooling == "cls"

@@ -15,10 +15,10 @@ import torch
 from benchmarks.tiny import tiny_tokenizer
 from heads.contract import INPUT_NAMES
 from tests.training.conftest import TINY
-from training import albert_layout
 from training.checkpoint import load_model, save_model
 from training.config import BertConfig, ConfigError
 from training.export import export_package
+from training.families.albert import from_albert
 from training.model import (
     HEADS,
     BertForPreTraining,
@@ -131,7 +131,7 @@ def test_encoder_matches_transformers_albert_model(batch, parity, share, attenti
     theirs = _their_albert(config)
     ours = BertModel(config)
     state = {
-        albert_layout.from_albert(k).removeprefix("bert."): v
+        from_albert(k).removeprefix("bert."): v
         for k, v in theirs.state_dict().items()
         if not k.endswith(("position_ids", "token_type_ids"))  # buffers, not weights
     }

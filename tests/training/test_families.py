@@ -15,9 +15,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.training.conftest import TINY
-from training import layouts
+from training import families
 from training.checkpoint import CheckpointError, load_model, save_model
-from training.config import MODEL_TYPES, BertConfig, ConfigError
+from training.config import BertConfig, ConfigError
+from training.families import MODEL_TYPES
 from training.model import HEADS, BertModel, set_attention_implementation
 
 transformers = pytest.importorskip("transformers")
@@ -169,7 +170,7 @@ def test_encoder_matches_transformers(tmp_path, parity, case, attention):
     config = our_config(case, tmp_path)
     torch.manual_seed(0)
     theirs = perturbed(getattr(transformers, FAMILIES[case][1] + "Model")(their_config(case)))
-    layout = layouts.LAYOUTS[config.model_type]
+    layout = families.FAMILIES[config.model_type]
     state = {
         layout.from_hf(k).removeprefix("bert."): v
         for k, v in theirs.state_dict().items()
