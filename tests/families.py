@@ -14,6 +14,13 @@ layers; its tokenizer is trained here with the `tokenizers` library on text the 
     roberta                     byte-level BPE, `<s> a </s></s> b </s>`, <pad> = 1
     xlm-roberta, camembert      Unigram (SentencePiece's Metaspace), `<s> a </s></s> b </s>`, <pad> = 1
     albert                      Unigram, lowercased, `[CLS] a [SEP] b [SEP]`, <pad> = 0
+    deberta-v2                  Unigram (DeBERTa-v3's SentencePiece), `[CLS] a [SEP] b [SEP]`, [PAD] = 0
+    modernbert                  byte-level BPE, `[CLS] a [SEP] b [SEP]`, [PAD] last of the specials
+    mpnet                       WordPiece, lowercased, `<s> a </s></s> b </s>`, <pad> = 1
+
+The new families are configured to reach what sets them apart in rows of 64 and 128 tokens:
+DeBERTa-v3's log-bucketed relative positions (16 buckets, 64 positions), ModernBERT's local
+layer (a window of 16; layers 0 and 2 global, 1 local), MPNet's relative position bias.
 
 `slow_tokenizer=True` saves the folder the old way, without tokenizer.json (RoBERTa:
 vocab.json + merges.txt; WordPiece families: vocab.txt). Nothing is downloaded. Folders are
@@ -32,7 +39,8 @@ from typing import Any
 
 from tests.conftest import EXAMPLES
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert",
+            "deberta-v2", "modernbert", "mpnet")  # fmt: skip
 TASK_CLASSES = {  # our task -> transformers class-name suffix
     "classification": "ForSequenceClassification",
     "token-classification": "ForTokenClassification",
@@ -47,6 +55,9 @@ CLASS_PREFIX = {
     "distilbert": "DistilBert",
     "electra": "Electra",
     "albert": "Albert",
+    "deberta-v2": "DebertaV2",
+    "modernbert": "ModernBert",
+    "mpnet": "MPNet",
 }
 NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 VOCAB_SIZE = 1200
@@ -109,8 +120,19 @@ def _train_tokenizer(kind: str) -> Any:
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
-    elif kind == "bpe":
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    elif kind == "wordpiece-mpnet":
+        specials = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=None)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=specials)
+    elif kind in ("bpe", "bpe-modernbert"):
+        specials = (
+            ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+            if kind == "bpe"
+            else ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+        )
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -119,12 +141,12 @@ def _train_tokenizer(kind: str) -> Any:
             special_tokens=specials,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
-    else:  # unigram, "xlm" (<s> ... ) or "albert" ([CLS] ..., lowercased)
-        specials = (
-            ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-            if kind == "unigram-xlm"
-            else ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
-        )
+    else:  # unigram, "xlm" (<s> ...), "albert" ([CLS] ..., lowercased) or "deberta" ([CLS] ...)
+        specials = {
+            "unigram-xlm": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            "unigram-albert": ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+            "unigram-deberta": ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"],
+        }[kind]
         tok = Tokenizer(models.Unigram())
         steps = [normalizers.NFKC()] + (
             [normalizers.Lowercase()] if kind == "unigram-albert" else []
@@ -135,13 +157,13 @@ def _train_tokenizer(kind: str) -> Any:
         trainer = trainers.UnigramTrainer(
             vocab_size=VOCAB_SIZE,
             special_tokens=specials,
-            unk_token=specials[specials.index("<unk>")],
+            unk_token=next(t for t in specials if t in ("<unk>", "[UNK]")),
         )
     tok.train_from_iterator(lines, trainer)
     ids = {t: tok.token_to_id(t) for t in specials}
     if kind == "bpe":
         tok.post_processor = RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
-    elif kind == "unigram-xlm":
+    elif kind in ("unigram-xlm", "wordpiece-mpnet"):
         tok.post_processor = TemplateProcessing(
             single="<s> $A </s>",
             pair="<s> $A </s> </s> $B </s>",
@@ -164,6 +186,9 @@ TOKENIZER_KIND = {
     "xlm-roberta": "unigram-xlm",
     "camembert": "unigram-xlm",
     "albert": "unigram-albert",
+    "deberta-v2": "unigram-deberta",
+    "modernbert": "bpe-modernbert",
+    "mpnet": "wordpiece-mpnet",
 }
 
 
@@ -179,13 +204,22 @@ def hf_tokenizer(family: str) -> Any:
     elif kind == "unigram-albert":
         specials = dict(unk_token="<unk>", sep_token="[SEP]", pad_token="<pad>",
                         cls_token="[CLS]", mask_token="[MASK]")  # fmt: skip
+    elif kind in ("unigram-deberta", "bpe-modernbert"):
+        specials = dict(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                        cls_token="[CLS]", mask_token="[MASK]")  # fmt: skip
+    elif kind == "wordpiece-mpnet":
+        specials = dict(bos_token="<s>", eos_token="</s>", unk_token="[UNK]", sep_token="</s>",
+                        pad_token="<pad>", cls_token="<s>", mask_token="<mask>")  # fmt: skip
     else:
         specials = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", sep_token="</s>",
                         pad_token="<pad>", cls_token="<s>", mask_token="<mask>")  # fmt: skip
     cls = getattr(transformers, f"{CLASS_PREFIX[family]}TokenizerFast", None)
-    if cls is None or kind.startswith("unigram"):  # their slow-vocab converters need files
+    if cls is None or kind.startswith("unigram") or family == "mpnet":
+        # their slow-vocab converters need files; MPNet's resets the normaliser
         cls = transformers.PreTrainedTokenizerFast
-    extra = {"do_lower_case": False} if kind == "wordpiece" else {}
+    extra: dict[str, Any] = {"do_lower_case": False} if kind == "wordpiece" else {}
+    if family in ("modernbert", "mpnet"):  # as their tokenizer_config.json: no token types
+        extra["model_input_names"] = ["input_ids", "attention_mask"]
     return cls(tokenizer_object=tok, model_max_length=MAX_POSITIONS, **specials, **extra)
 
 
@@ -234,6 +268,18 @@ def family_checkpoint(
         shape.update(type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
     if family in ("electra", "albert"):
         shape.update(embedding_size=16)
+    if family == "mpnet":
+        shape.update(max_position_embeddings=MAX_POSITIONS + 2, pad_token_id=1)
+    if family == "deberta-v2":  # DeBERTa-v3's choices
+        shape.update(relative_attention=True, position_buckets=16, max_relative_positions=64,
+                     pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+                     position_biased_input=False, type_vocab_size=0, pad_token_id=0)  # fmt: skip
+    if family == "modernbert":
+        ids = tokenizer.convert_tokens_to_ids
+        shape.update(num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=16,
+                     pad_token_id=ids("[PAD]"), cls_token_id=ids("[CLS]"),
+                     sep_token_id=ids("[SEP]"), bos_token_id=ids("[CLS]"),
+                     eos_token_id=ids("[SEP]"))  # fmt: skip
     if labels:
         shape.update(
             id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)}

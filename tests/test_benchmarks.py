@@ -121,3 +121,21 @@ def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_
         # each row that joined added at most CPU_PAD_LIMIT padded positions
         assert n == sorted(n) and sum(max(n) - x for x in n) <= CPU_PAD_LIMIT * (len(n) - 1)
     assert 4 < len(batches) < 100  # it batches, and it does not pad whole windows
+
+
+def test_the_family_speed_benchmark_times_every_family_beside_bert(tmp_path):
+    """benchmarks.families on the tiny shape, one short round: a row per family and batch,
+    BERT's own ratio 1, and the own-encoder families unfused where ORT fuses BERT."""
+    import json
+
+    from benchmarks import families
+
+    assert families.main(["--shapes", "tiny", "--rounds", "1", "--seconds", "0.01",
+                          "--out", str(tmp_path)]) == 0  # fmt: skip
+    results = json.loads((tmp_path / "families.json").read_text())["results"]
+    assert len(results) == len(families.FAMILIES) * len(families.BATCHES)
+    assert all(r["vs_bert"] == 1 for r in results if r["family"] == "bert")
+    assert all(r["ms"] > 0 for r in results)
+    fused = {r["family"]: r["fused"] for r in results}
+    assert fused["bert"].get("Attention") == 2
+    assert all("Attention" not in fused[f] for f in ("deberta-v2", "modernbert", "mpnet"))

@@ -3,7 +3,9 @@ functions): no cycle among the project's modules, and imports only go one way be
 
     heads       <- what training and serving share (contract, rows, packages, the heads' pre- and
                    post-processing): numpy and tokenizers only
-    training    -> heads                      (never service)
+    training    -> heads                      (never service; training.families and
+                                               training.blocks import no other training module:
+                                               training.config and training.model import them)
     service     -> heads                      (never training, never torch)
     demo        -> training, service, heads   (the quickstart's data, default models, checks)
     benchmarks  -> anything but tests
@@ -125,6 +127,17 @@ def test_packages_import_only_downward():
         if target.split(".")[0] not in ALLOWED[module.split(".")[0]] | {module.split(".")[0]}
     ]
     assert wrong == []
+
+
+def test_the_families_import_only_blocks_and_each_other():
+    edges = graph()
+    inside = ("training.families", "training.blocks")
+    for name, targets in edges.items():
+        if name.startswith(inside):
+            outside = {t for t in targets if t.startswith("training") and not t.startswith(inside)}
+            assert not outside, f"{name} imports {sorted(outside)}"
+        if name.startswith("training.families."):  # a family module: torch, not transformers
+            assert not any(i.startswith("transformers") for i in imports(modules()[name])), name
 
 
 def test_heads_imports_only_numpy_and_tokenizers():

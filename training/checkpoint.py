@@ -72,6 +72,8 @@ HEAD_MODULES = (
     "pre_classifier.",  # DistilBERT's classifier: this and classifier.*
     "qa_outputs.",
     "features.",  # a token head's layer weights (features last4-sum, all-sum)
+    "pooler.",  # DeBERTa's ContextPooler (its classifier: this and classifier.*)
+    "head.",  # ModernBERT's prediction head (before every task's linear layer)
 )
 TIED = "cls.predictions.decoder.weight"  # is bert.embeddings.word_embeddings.weight
 

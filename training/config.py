@@ -106,6 +106,17 @@ class BertConfig:
     # tuned for mean-pooled sentence embeddings (all-MiniLM-L6-v2). Not a transformers field
     # either: its BertForSequenceClassification would read the pooler whatever this says.
     classifier_pooling: str = "cls"
+    # The family's own config.json fields (Family.fields: DeBERTa's position_buckets,
+    # ModernBERT's local_attention...), read as attributes: config.position_buckets.
+    extra: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when the dataclass has no such field; __dict__ because unpickling asks
+        # before `extra` exists.
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
 
     def __post_init__(self) -> None:
         family = family_of(self.model_type)
@@ -134,12 +145,19 @@ class BertConfig:
         for option in OPTIONS:
             if getattr(self, option) not in (None, False) and option not in family.options:
                 raise ConfigError(f"{option} is {_owners(option)} option, not {family.name}'s")
-        if family.token_types == (self.type_vocab_size == 0):
-            without = " and ".join(f.name for f in FAMILIES.values() if not f.token_types)
+        if family.token_types == "never" and self.type_vocab_size != 0:
             raise ConfigError(
-                f"type_vocab_size {self.type_vocab_size}: {without}, and only {without}, "
-                "has no token-type embeddings (type_vocab_size 0)"
+                f"type_vocab_size {self.type_vocab_size}: {family.name} has no token-type "
+                "embeddings (type_vocab_size 0)"
             )
+        if family.token_types == "always" and self.type_vocab_size == 0:
+            without = ", ".join(f.name for f in FAMILIES.values() if f.token_types != "always")
+            raise ConfigError(
+                f"type_vocab_size 0: {family.name} has token-type embeddings; only {without} "
+                "may have none"
+            )
+        if unknown := set(self.extra or {}) - set(family.fields):
+            raise ConfigError(f"{family.name} has no fields {', '.join(sorted(unknown))}")
         family.check(self)
 
     @classmethod
@@ -217,6 +235,9 @@ class BertConfig:
                 continue
             if f.name == "problem_type" and value is None:
                 continue
+            if f.name == "extra":  # None: transformers' default (pooler_hidden_size = hidden)
+                d.update({k: v for k, v in (value or {}).items() if v is not None})
+                continue
             if f.name == "model_type" or (f.name, value) in (
                 ("features", "last"),
                 ("classifier_pooling", "cls"),
@@ -240,6 +261,8 @@ class BertConfig:
         for option in OPTIONS:
             if option not in family.options or option not in d:
                 kwargs.pop(option, None)
+        if family.fields:
+            kwargs["extra"] = {k: d.get(k, default) for k, default in family.fields.items()}
         return cls(**kwargs)
 
     def save(self, directory: str | Path, architecture: str | None = None) -> Path:
@@ -265,6 +288,7 @@ class BertConfig:
 
 
 def _owners(option: str) -> str:
-    """'an ALBERT or ELECTRA': the families that may set `option`, with the article."""
-    names = " or ".join(f.name for f in FAMILIES.values() if option in f.options)
+    """'an ALBERT, ELECTRA or DeBERTa-v2': the families that may set `option`, with the article."""
+    owners = [f.name for f in FAMILIES.values() if option in f.options]
+    names = " or ".join(filter(None, [", ".join(owners[:-1]), owners[-1]]))
     return ("an " if names[0] in "AEIOU" else "a ") + names

@@ -33,17 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from heads.contract import POOLINGS
+from training.blocks import BertIntermediate, BertOutput, BertSelfOutput, activation
 from training.config import FEATURES, BertConfig
 from training.families import FAMILIES
-
-ACT = {
-    "gelu": nn.GELU(),  # exact erf GELU, as the original BERT code
-    "tanh": nn.Tanh(),  # RoBERTa's classification head
-    "gelu_new": nn.GELU(approximate="tanh"),
-    "gelu_pytorch_tanh": nn.GELU(approximate="tanh"),
-    "relu": nn.ReLU(),
-}
-
 
 # --- encoder ----------------------------------------------------------------------------
 
@@ -135,17 +127,6 @@ class BertSelfAttention(nn.Module):
         return y.transpose(1, 2).reshape(B, T, H)
 
 
-class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, y: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LN, as in BERT
-
-
 class BertAttention(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -154,22 +135,6 @@ class BertAttention(nn.Module):
 
     def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
         return self.output(self.self(x, mask_bias), x)
-
-
-class BertIntermediate(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACT[config.hidden_act]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.act(self.dense(x))
-
-
-class BertOutput(BertSelfOutput):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__(config)
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
 
 
 class BertLayer(nn.Module):
@@ -254,6 +219,32 @@ class BertModel(nn.Module):
         return BertOutputs(last, pooled, hidden)
 
 
+class _HiddenStates:
+    """Mixin for a family's own encoder (Family.encoder), whose forward gives the L + 1 hidden
+    states: the heads read BertOutputs, as from BertModel."""
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> BertOutputs:
+        hidden = super().forward(input_ids, attention_mask, token_type_ids)  # type: ignore[misc]
+        return BertOutputs(hidden[-1], None, hidden)
+
+
+def encoder_model(config: BertConfig, add_pooling_layer: bool = True) -> nn.Module:
+    """The encoder of config's family: BertModel (BERT and the families that are BERT with
+    options), or the family's own module (DeBERTa-v2, ModernBERT, MPNet), under the same
+    attribute names transformers gives it, so the layout renames only the prefix."""
+    family = config.family
+    if family.encoder is None:
+        return BertModel(config, add_pooling_layer=add_pooling_layer)
+    cls = family.encoder
+    with_outputs = type(cls.__name__, (_HiddenStates, cls), {"__module__": cls.__module__})
+    return with_outputs(config)
+
+
 def _pretrainable() -> str:
     return " and ".join(t for t, f in FAMILIES.items() if f.pretraining)
 
@@ -271,7 +262,8 @@ def init_weights(module: nn.Module, std: float) -> None:
                 m.weight.data[m.padding_idx].zero_()
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:  # ModernBERT's norms have none
+                nn.init.zeros_(m.bias)
     for m in module.modules():  # after the loop above, which drew every table at random
         if isinstance(m, BertEmbeddings) and m.sinusoidal:
             table = m.position_embeddings.weight
@@ -298,7 +290,7 @@ class BertPreTrainedHead(nn.Module):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=add_pooling_layer)
+        self.bert = encoder_model(config, add_pooling_layer=add_pooling_layer)
 
     def post_init(self) -> None:
         init_weights(self, self.config.initializer_range)
@@ -337,7 +329,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         E = config.embedding_size or config.hidden_size
         self.dense = nn.Linear(config.hidden_size, E)
-        self.transform_act_fn = ACT[config.hidden_act]
+        self.transform_act_fn = activation(config.hidden_act)
         self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -436,29 +428,40 @@ class ClassificationHead(nn.Module):
 class BertForSequenceClassification(BertPreTrainedHead):
     """[CLS] pooled output (or, with `pooling` / config.classifier_pooling "mean", "max"...,
     the real tokens' last hidden states pooled that way) -> dropout -> linear; other families
-    put their own head (their Family's `classifier`) on the first token (or the pooled states). Loss by problem_type:
-    cross-entropy (single label), BCE-with-logits (multi label, float multi-hot labels), MSE
-    (regression)."""
+    put their own head (their Family's `classifier`) on the first token (or the pooled
+    states). Loss by problem_type: cross-entropy (single label), BCE-with-logits (multi label,
+    float multi-hot labels), MSE (regression)."""
 
     def __init__(
         self, config: BertConfig, num_labels: int | None = None, pooling: str | None = None
     ) -> None:
         if pooling is not None:
             config = config.replace(classifier_pooling=pooling)
-        head = config.family.classifier  # training.families.base.CLASSIFIERS
+        family = config.family
+        kind = family.classifier  # training.families.base.CLASSIFIERS
         # mean pooling leaves the pooler unused: none is built (DDP refuses unused weights);
         # the other families' classifiers read hidden states, not the pooler.
-        use_pooler = head == "pooler" and config.classifier_pooling == "cls"
+        use_pooler = kind == "pooler" and config.classifier_pooling == "cls"
         super().__init__(config, add_pooling_layer=use_pooler)
         self.num_labels = num_labels or config.num_labels
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.pre_classifier: nn.Linear | None = None
-        if head == "pre_classifier":
-            self.pre_classifier = nn.Linear(config.hidden_size, config.hidden_size)
-        if head in ("pooler", "pre_classifier"):
-            self.classifier: nn.Module = nn.Linear(config.hidden_size, self.num_labels)
+        self.pooler: nn.Module | None = None  # DeBERTa's ContextPooler, named as theirs
+        self.head: nn.Module | None = None  # ModernBERT's prediction head, named as theirs
+        width = config.hidden_size
+        if kind == "pre_classifier":
+            self.pre_classifier = nn.Linear(width, width)
+        elif kind == "context_pooler":
+            self.pooler = family.pooler(config)  # type: ignore[misc]
+            width = getattr(config, "pooler_hidden_size", None) or width
+        elif kind == "head":
+            self.head = family.head(config)  # type: ignore[misc]
+        if kind in ("tanh", "gelu"):
+            self.classifier: nn.Module = ClassificationHead(
+                config, self.num_labels, activation(kind)
+            )
         else:
-            self.classifier = ClassificationHead(config, self.num_labels, ACT[head])
+            self.classifier = nn.Linear(width, self.num_labels)
         self.post_init()
 
     @property
@@ -483,6 +486,10 @@ class BertForSequenceClassification(BertPreTrainedHead):
             pooled = out.last_hidden_state[:, 0]  # <s> / [CLS], no pooler
         if self.pre_classifier is not None:
             pooled = F.relu(self.pre_classifier(pooled))
+        elif self.pooler is not None:  # it reads the first position of a (B, T, H) input
+            pooled = self.pooler(pooled[:, None])
+        elif self.head is not None:
+            pooled = self.head(pooled)
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         loss = None
         if labels is not None:
@@ -523,6 +530,19 @@ class LayerFeatures(nn.Module):
         return chosen[0] if len(chosen) == 1 else torch.cat(chosen, dim=-1)  # (B, T, k H)
 
 
+def _family_head(config: BertConfig, width: int) -> nn.Module | None:
+    """The family's prediction head that its token and QA heads put before their linear layer
+    (ModernBERT's dense -> activation -> norm), named `head` as theirs; None for the others."""
+    if config.family.head is None:
+        return None
+    if width != config.hidden_size:
+        raise ValueError(
+            f"features {config.features!r} give {width} values per token; the {config.family.name}"
+            f" head reads {config.hidden_size}: use features 'last', 'second-to-last' or a sum"
+        )
+    return config.family.head(config)
+
+
 class BertForTokenClassification(BertPreTrainedHead):
     """Per-token linear layer over the last hidden state (no pooler, as in transformers), or
     over other layers' states (`features`, default config.features: "last")."""
@@ -535,6 +555,7 @@ class BertForTokenClassification(BertPreTrainedHead):
         super().__init__(config, add_pooling_layer=False)
         self.num_labels = num_labels or config.num_labels
         self.features = LayerFeatures(config)
+        self.head = _family_head(config, self.features.size)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(self.features.size, self.num_labels)
         self.post_init()
@@ -548,6 +569,8 @@ class BertForTokenClassification(BertPreTrainedHead):
     ) -> TokenClassifierOutput:
         """labels (B, T): tag ids, -100 where no loss (special tokens, later word pieces)."""
         hidden = self.features(self.bert(input_ids, attention_mask, token_type_ids).hidden_states)
+        if self.head is not None:
+            hidden = self.head(hidden)
         logits = self.classifier(self.dropout(hidden))  # (B, T, C)
         loss = None
         if labels is not None:
@@ -567,7 +590,10 @@ class BertForQuestionAnswering(BertPreTrainedHead):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config, add_pooling_layer=False)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.head = _family_head(config, config.hidden_size)
+        # ModernBERT names this layer `classifier`, the others `qa_outputs`: ours is theirs.
+        self.outputs_name = config.family.qa_outputs
+        self.add_module(self.outputs_name, nn.Linear(config.hidden_size, 2))
         self.post_init()
 
     def forward(
@@ -580,7 +606,9 @@ class BertForQuestionAnswering(BertPreTrainedHead):
     ) -> QuestionAnsweringOutput:
         """start_positions, end_positions (B,): token indices; 0 ([CLS]) for no answer."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        start, end = self.qa_outputs(hidden).unbind(-1)  # (B, T) each
+        if self.head is not None:
+            hidden = self.head(hidden)
+        start, end = getattr(self, self.outputs_name)(hidden).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:
             T = start.shape[1]

@@ -247,7 +247,7 @@ def do_lower_case(tok: Tokenizer) -> bool:
 def save_tokenizer(
     tok: Tokenizer, directory: str | Path, model_max_length: int | None = None
 ) -> Path:
-    """Write tokenizer.json, and for a WordPiece model also vocab.txt, tokenizer_config.json and
+    """Write tokenizer.json, and for a BERT WordPiece model also vocab.txt, tokenizer_config.json and
     special_tokens_map.json, so that transformers' AutoTokenizer (and sentence-transformers)
     build the same tokenizer: without do_lower_case in tokenizer_config.json,
     BertTokenizerFast would lower-case a cased tokenizer.json. Padding and truncation are not
@@ -258,9 +258,11 @@ def save_tokenizer(
     clean.no_padding()
     clean.no_truncation()
     clean.save(str(directory / "tokenizer.json"))
-    if not isinstance(tok.model, WordPiece):
-        return directory
     vocab = tok.get_vocab(with_added_tokens=True)
+    if not isinstance(tok.model, WordPiece) or not {"[CLS]", "[SEP]"} <= set(vocab):
+        # BERT's slow files describe BERT's template only (MPNet's WordPiece has <s> ... </s>):
+        # others are read from tokenizer.json alone
+        return directory
     by_id = sorted(vocab, key=vocab.__getitem__)
     if [vocab[t] for t in by_id] != list(range(len(by_id))):
         raise TokenizerError("token ids are not contiguous from 0: cannot write vocab.txt")

@@ -36,6 +36,10 @@ CASES = {  # package name -> family, pooling, Dense activations, Normalize
     "distilbert-cls": ("distilbert", "cls", (), False),
     "distilbert-mean-norm": ("distilbert", "mean", (), True),
     "distilbert-max-dense-norm": ("distilbert", "max", ("tanh",), True),
+    "mpnet-mean-norm": ("mpnet", "mean", (), True),  # all-mpnet-base-v2's modules
+    "modernbert-mean-norm": ("modernbert", "mean", (), True),
+    "modernbert-cls-dense": ("modernbert", "cls", ("tanh",), False),
+    "deberta-v2-mean-norm": ("deberta-v2", "mean", (), True),
 }  # fmt: skip
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 NO_PROMPTS = "bert-cls"  # exported without config_sentence_transformers.json

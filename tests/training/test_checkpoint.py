@@ -383,8 +383,8 @@ def test_sha256_mismatch(tmp_path, tiny_config):
             r"config.json: position_embedding_type 'relative_key'",
         ),
         (
-            {"model_type": "deberta-v2"},
-            r"config.json: model_type 'deberta-v2' is not supported; supported: bert, albert",
+            {"model_type": "funnel"},
+            r"config.json: model_type 'funnel' is not supported; supported: bert, albert",
         ),
     ],
 )

@@ -19,7 +19,7 @@ from training import families
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.config import BertConfig, ConfigError
 from training.families import MODEL_TYPES
-from training.model import HEADS, BertModel, set_attention_implementation
+from training.model import HEADS, BertModel, encoder_model, set_attention_implementation
 
 transformers = pytest.importorskip("transformers")
 
@@ -29,6 +29,19 @@ SHAPE = dict(TINY, hidden_act="gelu")  # hidden 32, 2 layers, 4 heads, FFN 37, v
 ROBERTA = dict(SHAPE, pad_token_id=1, type_vocab_size=1, max_position_embeddings=66)
 DISTILBERT = dict(vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
                   max_position_embeddings=64)  # fmt: skip
+
+DEBERTA_V3 = dict(SHAPE, relative_attention=True, position_buckets=4, max_relative_positions=16,
+                  pos_att_type=["p2c", "c2p"], share_att_key=True, norm_rel_ebd="layer_norm",
+                  position_biased_input=False, type_vocab_size=0, max_position_embeddings=64)  # fmt: skip
+DEBERTA_V2 = dict(SHAPE, relative_attention=True, max_relative_positions=8,
+                  pos_att_type=["c2p", "p2c"], share_att_key=False, type_vocab_size=2,
+                  max_position_embeddings=64)  # fmt: skip
+MODERNBERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=64, pad_token_id=0,
+                  global_attn_every_n_layers=2, local_attention=4)  # fmt: skip
+
+MODERNBERT_BIASED = dict(MODERNBERT, classifier_pooling="mean", norm_bias=True, mlp_bias=True,
+                         attention_bias=True, classifier_bias=True)  # fmt: skip
 
 # case -> (transformers config class, class-name prefix, its config arguments)
 FAMILIES = {
@@ -44,7 +57,18 @@ FAMILIES = {
         dict(DISTILBERT, sinusoidal_pos_embds=True),
     ),
     "albert": ("AlbertConfig", "Albert", dict(SHAPE, embedding_size=16, hidden_act="gelu_new")),
+    # Families with encoders of their own, configured so that the 10-token batch reaches what
+    # sets them apart: DeBERTa-v3's log buckets (4 buckets: distances past 2 are bucketed),
+    # ModernBERT's local layer (a window of 4 in rows of 10), MPNet's relative bias.
+    "deberta-v3": ("DebertaV2Config", "DebertaV2", DEBERTA_V3),
+    "deberta-v2": ("DebertaV2Config", "DebertaV2", DEBERTA_V2),
+    "deberta-v2-projected": ("DebertaV2Config", "DebertaV2", dict(DEBERTA_V2, embedding_size=16)),
+    "modernbert": ("ModernBertConfig", "ModernBert", MODERNBERT),
+    "modernbert-mean": ("ModernBertConfig", "ModernBert", MODERNBERT_BIASED),
+    "mpnet": ("MPNetConfig", "MPNet", dict(SHAPE, pad_token_id=1, max_position_embeddings=66)),
 }
+# Families whose forward takes no token_type_ids (their encoders have no segment embeddings).
+NO_TOKEN_TYPES = ("distilbert", "modernbert", "mpnet")
 CLASSES = {  # task -> transformers class-name suffix, its Auto class
     "classification": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
     "token-classification": ("ForTokenClassification", "AutoModelForTokenClassification"),
@@ -89,8 +113,9 @@ def padded_batch(config: BertConfig) -> dict[str, torch.Tensor]:
 
 
 def their_inputs(case: str, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # DistilBERT's forward takes no token_type_ids; ours ignores them (type_vocab_size 0).
-    return {k: v for k, v in batch.items() if not (case.startswith("distil") and k == "token_type_ids")}  # fmt: skip
+    # DistilBERT's, ModernBERT's and MPNet's forward take no token_type_ids; ours ignores them.
+    no_types = case.startswith(NO_TOKEN_TYPES)
+    return {k: v for k, v in batch.items() if not (no_types and k == "token_type_ids")}
 
 
 def output(model, task: str, inputs) -> torch.Tensor:
@@ -149,11 +174,11 @@ def test_what_each_family_sets(tmp_path):
         ),
         (
             dict(model_type="roberta", embedding_size=16),
-            "embedding_size is an ALBERT or ELECTRA option",
+            "embedding_size is an ALBERT, ELECTRA or DeBERTa-v2 option",
         ),
         (dict(sinusoidal_pos_embds=True), "sinusoidal_pos_embds is a DistilBERT option"),
-        (dict(model_type="distilbert"), "only DistilBERT, has no token-type embeddings"),
-        (dict(type_vocab_size=0), "only DistilBERT, has no token-type embeddings"),
+        (dict(model_type="distilbert"), "DistilBERT has no token-type embeddings"),
+        (dict(type_vocab_size=0), "BERT has token-type embeddings; only DistilBERT"),
     ],
 )
 def test_options_that_do_not_belong_to_the_family(kwargs, message):
@@ -175,8 +200,9 @@ def test_encoder_matches_transformers(tmp_path, parity, case, attention):
         layout.from_hf(k).removeprefix("bert."): v
         for k, v in theirs.state_dict().items()
         if not k.endswith(("position_ids", "token_type_ids"))  # buffers, not weights
+        and not (case == "mpnet" and k.startswith("pooler."))  # read by no head: not built
     }
-    ours = BertModel(config)
+    ours = encoder_model(config)
     ours.load_state_dict(state)  # strict: every name maps, none is left over
     set_attention_implementation(ours.eval(), attention)
     batch = padded_batch(config)
@@ -186,12 +212,15 @@ def test_encoder_matches_transformers(tmp_path, parity, case, attention):
     name = f"tiny {case} encoder ({attention})"
     assert parity(f"{name}: last hidden state", a.last_hidden_state, b.last_hidden_state) <= TOL
     assert len(a.hidden_states) == len(b.hidden_states) == 3
-    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+    theirs_hidden = list(b.hidden_states)
+    if case.startswith("modernbert"):  # its hidden states stop before the final norm; ours not
+        theirs_hidden[-1] = b.last_hidden_state
+    for x, y in zip(a.hidden_states, theirs_hidden, strict=True):
         assert parity(f"{name}: every hidden state", x, y) <= TOL
     if config.has_pooler:
         assert parity(f"{name}: pooled output", a.pooler_output, b.pooler_output) <= TOL
-    else:
-        assert a.pooler_output is None and not hasattr(theirs, "pooler")
+    else:  # MPNetModel has a pooler that no head of its reads: ours is not built
+        assert a.pooler_output is None and (not hasattr(theirs, "pooler") or case == "mpnet")
 
 
 def test_roberta_positions_count_real_tokens_from_pad_plus_one(tmp_path):
@@ -245,7 +274,8 @@ def test_theirs_load_here_and_ours_open_in_transformers(tmp_path, caplog, parity
     torch.manual_seed(1)
     ours = perturbed(HEADS[task](config))
     save_model(ours, tmp_path / "ours")
-    kwargs = {"add_pooling_layer": False} if task == "embedding" and config.has_pooler else {}
+    pooled = config.has_pooler or case == "mpnet"  # their base model has a pooler; ours none
+    kwargs = {"add_pooling_layer": False} if task == "embedding" and pooled else {}
     reopened, info = getattr(transformers, auto).from_pretrained(
         tmp_path / "ours", output_loading_info=True, **kwargs
     )
@@ -292,7 +322,7 @@ def test_a_family_mlm_checkpoint_fine_tunes_but_does_not_pretrain(tmp_path, capl
 # --- bad input: one line --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model_type", ["deberta-v2", "gpt2"])
+@pytest.mark.parametrize("model_type", ["funnel", "gpt2"])
 def test_unsupported_model_type_names_it_and_the_supported_ones(tmp_path, model_type):
     torch.manual_seed(0)
     transformers.RobertaModel(their_config("roberta")).save_pretrained(tmp_path)

@@ -50,10 +50,16 @@ HEADS = {  # task -> (data options, transformers class, request to the served pa
     ),
     "embedding": (None, "AutoModel", ("/embed", {"inputs": ["a text", "another text"]})),
 }  # fmt: skip
-CASES = [(family, task) for family in ("roberta", "distilbert") for task in HEADS] + [
+CASES = [
+    (family, task)
+    for family in ("roberta", "distilbert", "deberta-v2", "modernbert", "mpnet")
+    for task in HEADS
+] + [
     ("xlm-roberta", "token-classification"),
     ("xlm-roberta", "question-answering"),
 ]
+# Base models that take add_pooling_layer (and have a pooler an embedding model leaves out).
+POOLED = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "mpnet")
 
 
 def write_pairs(folder: Path) -> list[str]:
@@ -82,10 +88,9 @@ async def test_finetune_from_a_family_checkpoint(tmp_path, family, task):
     best = out / "best" if (out / "best").is_dir() else out / "last"
 
     # An embedding model has no pooler (sentence-transformers loads it so: model_args in
-    # sentence_bert_config.json); DistilBERT has none to leave out and refuses the argument.
-    no_pooler = (
-        {"add_pooling_layer": False} if task == "embedding" and family != "distilbert" else {}
-    )
+    # sentence_bert_config.json); DistilBERT, DeBERTa and ModernBERT have none to leave out
+    # and refuse the argument.
+    no_pooler = {"add_pooling_layer": False} if task == "embedding" and family in POOLED else {}
     theirs, info = getattr(transformers, auto_class).from_pretrained(
         best, output_loading_info=True, attn_implementation="eager", **no_pooler
     )

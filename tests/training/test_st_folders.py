@@ -86,6 +86,10 @@ CASES = [  # family, pooling, Dense activations, Normalize
     ("roberta", "max", (), False),
     ("distilbert", "cls", ("tanh",), True),
     ("distilbert", "max", ("identity",), False),
+    ("mpnet", "mean", (), True),  # all-mpnet-base-v2's modules
+    ("modernbert", "mean", (), True),
+    ("modernbert", "cls", ("tanh",), False),
+    ("deberta-v2", "mean", ("identity",), True),
 ]  # fmt: skip
 
 

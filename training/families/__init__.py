@@ -7,6 +7,12 @@ layout both ways, classifier head, pretraining support), listed here and checked
                 training/families/roberta.py       positions after pad, tanh classifier
     electra     training/families/electra.py       E -> H projection, GELU classifier
     distilbert  training/families/distilbert.py    no token types, its own names
+    deberta-v2  training/families/deberta_v2.py    its own encoder: disentangled relative
+                                                   attention; ContextPooler classifier
+    modernbert  training/families/modernbert.py    its own encoder: rotary positions, local
+                                                   and global attention, GeGLU, pre-norm
+    mpnet       training/families/mpnet.py         its own encoder: shared relative position
+                                                   bias; RoBERTa's positions and classifier
 
 A new family is one new module declaring a `Family` (training/families/base.py) and one line
 in FAMILY_MODULES.
@@ -14,10 +20,19 @@ in FAMILY_MODULES.
 
 from __future__ import annotations
 
-from training.families import albert, bert, distilbert, electra, roberta
+from training.families import (
+    albert,
+    bert,
+    deberta_v2,
+    distilbert,
+    electra,
+    modernbert,
+    mpnet,
+    roberta,
+)
 from training.families.base import ConfigError, Family, check_family
 
-FAMILY_MODULES = (bert, albert, roberta, electra, distilbert)
+FAMILY_MODULES = (bert, albert, roberta, electra, distilbert, deberta_v2, modernbert, mpnet)
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family

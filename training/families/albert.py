@@ -20,10 +20,15 @@ Group i is our layer i: one group when the layers are shared, one per layer when
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from training.families.base import ConfigError, Family, architectures, rename_by_prefix
+from training.families.base import (
+    ConfigError,
+    Family,
+    architectures,
+    layer_renames,
+    rename_by_prefix,
+)
 
 # ALBERT's recipe on top of a shape (Lan et al. 2019 §3.1, §4.9; google-research/albert's
 # albert_base v2 config): E = 128, every layer shared, no dropout, and the tanh-approximated
@@ -47,9 +52,9 @@ IN_LAYER = {
     "output.dense": "ffn_output",
     "output.LayerNorm": "full_layer_layer_norm",
 }
-_OURS_IN_LAYER = {v: k for k, v in IN_LAYER.items()}
-_OURS_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
-_THEIR_LAYER = re.compile(r"albert\.encoder\.albert_layer_groups\.(\d+)\.albert_layers\.0\.(.+)\.(weight|bias)")  # fmt: skip
+_to_layer, _from_layer = layer_renames(
+    "albert.encoder.albert_layer_groups.{i}.albert_layers.0.", IN_LAYER
+)
 # Outside the layers, by prefix, most specific first.
 _to_rest = rename_by_prefix(
     (
@@ -75,9 +80,7 @@ _BARE = ("embeddings.", "encoder.", "pooler.")  # an AlbertModel saved without t
 
 def to_albert(name: str) -> str:
     """Our parameter name -> transformers' ALBERT name (with the `albert.` prefix)."""
-    if (m := _OURS_LAYER.fullmatch(name)) and m[2] in IN_LAYER:
-        return f"albert.encoder.albert_layer_groups.{m[1]}.albert_layers.0.{IN_LAYER[m[2]]}.{m[3]}"
-    return _to_rest(name)
+    return _to_layer(name) or _to_rest(name)
 
 
 def from_albert(name: str) -> str:
@@ -85,10 +88,7 @@ def from_albert(name: str) -> str:
     A name we do not know comes back unchanged, for the caller to report as unexpected."""
     if name.startswith(_BARE):
         name = "albert." + name
-    if m := _THEIR_LAYER.fullmatch(name):
-        ours = _OURS_IN_LAYER.get(m[2])
-        return f"bert.encoder.layer.{m[1]}.{ours}.{m[3]}" if ours else name
-    return _from_rest(name)
+    return _from_layer(name) or _from_rest(name)
 
 
 def _read_fields(d: dict[str, Any]) -> dict[str, Any]:

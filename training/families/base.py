@@ -12,6 +12,7 @@ import the families): a config reaches them as any object with BertConfig's attr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,13 @@ PRETRAINING = "pretraining"
 # What a sequence classifier puts between the encoder and the labels (training.model builds it):
 # "pooler": BERT's tanh pooler on the first token, then a linear layer; "pre_classifier":
 # DistilBERT's linear + ReLU, then a linear layer; "tanh" / "gelu": RoBERTa's / ELECTRA's
-# dense -> activation -> out_proj head on the first token.
-CLASSIFIERS = ("pooler", "pre_classifier", "tanh", "gelu")
+# dense -> activation -> out_proj head on the first token; "context_pooler": the family's
+# `pooler` module (DeBERTa's dense + activation on the first token), then a linear layer;
+# "head": the family's `head` module on the pooled states (classifier_pooling), then a linear
+# layer (ModernBERT, whose token and QA heads put the same `head` before their linear layer).
+CLASSIFIERS = ("pooler", "pre_classifier", "tanh", "gelu", "context_pooler", "head")
+# Whether a family's encoder has token-type (segment) embeddings.
+TOKEN_TYPES = ("always", "never", "optional")
 
 # BertConfig options a family may set; each family names those it accepts (`options`).
 OPTIONS = ("embedding_size", "share_layers", "sinusoidal_pos_embds")
@@ -46,6 +52,35 @@ def rename_by_prefix(table: tuple[tuple[str, str], ...]) -> Callable[[str], str]
         return name
 
     return rename
+
+
+_OUR_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
+
+
+def layer_renames(
+    theirs: str, in_layer: Mapping[str, str]
+) -> tuple[Callable[[str], str | None], Callable[[str], str | None]]:
+    """Renames of the weights inside one layer, both ways: ours
+    `bert.encoder.layer.{i}.<module>.<weight|bias>` <-> `theirs.format(i=i)` + their module, by
+    `in_layer` (our module path -> theirs). Each gives None for a name outside any layer (for
+    the family's prefix renames); a layer's module missing from the table keeps its name."""
+    ours_of = {v: k for k, v in in_layer.items()}
+    their_layer = re.compile(
+        re.escape(theirs).replace(re.escape("{i}"), r"(\d+)") + r"(.+)\.(weight|bias)"
+    )
+
+    def to_hf(name: str) -> str | None:
+        if (m := _OUR_LAYER.fullmatch(name)) and m[2] in in_layer:
+            return f"{theirs.format(i=m[1])}{in_layer[m[2]]}.{m[3]}"
+        return None
+
+    def from_hf(name: str) -> str | None:
+        if m := their_layer.fullmatch(name):
+            ours = ours_of.get(m[2])
+            return f"bert.encoder.layer.{m[1]}.{ours}.{m[3]}" if ours else name
+        return None
+
+    return to_hf, from_hf
 
 
 def same(name: str) -> str:
@@ -94,7 +129,18 @@ class Family:
     # RoBERTa's position ids: real tokens count from pad_token_id + 1, padding keeps pad.
     positions_after_pad: bool = False
     has_pooler: bool = True  # the encoder has BERT's pooler (trained by NSP / SOP)
-    token_types: bool = True  # the encoder has token-type (segment) embeddings
+    token_types: str = "always"  # of TOKEN_TYPES; "never": type_vocab_size is 0
+    # config.json fields of the family beyond BertConfig's, with transformers' defaults: they
+    # travel in BertConfig.extra and read as attributes (config.position_buckets).
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    # Modules of the family's own (torch nn.Module classes, each built from a config), for the
+    # families that are not BERT's encoder with options: the encoder (its forward(input_ids,
+    # attention_mask, token_type_ids) gives the L + 1 hidden states, embeddings first), the
+    # "context_pooler" and the "head" of `classifier`.
+    qa_outputs: str = "qa_outputs"  # transformers' name of the QA head's linear layer
+    encoder: Callable[[Any], Any] | None = None
+    pooler: Callable[[Any], Any] | None = None
+    head: Callable[[Any], Any] | None = None
 
     @property
     def pretraining(self) -> bool:
@@ -130,6 +176,14 @@ def check_family(family: Family) -> None:
         raise ValueError(f"{where}: no architecture for {', '.join(missing)}")
     if family.classifier not in CLASSIFIERS:
         raise ValueError(f"{where}: classifier {family.classifier!r} is not one of {CLASSIFIERS}")
+    if family.token_types not in TOKEN_TYPES:
+        raise ValueError(f"{where}: token_types {family.token_types!r} is not one of {TOKEN_TYPES}")
+    for kind, module in (("context_pooler", family.pooler), ("head", family.head)):
+        if (family.classifier == kind) != (module is not None):
+            raise ValueError(
+                f"{where}: classifier {family.classifier!r} with pooler/head set "
+                "for the other kind: a 'context_pooler' needs `pooler`, a 'head' `head`"
+            )
     if unknown := set(family.options) - set(OPTIONS):
         raise ValueError(f"{where}: unknown options {sorted(unknown)}")
     if not family.prefix.endswith("."):

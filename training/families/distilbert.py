@@ -8,10 +8,15 @@ classifier. Its config.json and parameters use names of their own:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from training.families.base import ConfigError, Family, architectures, rename_by_prefix
+from training.families.base import (
+    ConfigError,
+    Family,
+    architectures,
+    layer_renames,
+    rename_by_prefix,
+)
 
 # DistilBertConfig's names for BertConfig's fields; it has no token types and a fixed eps.
 NAMES = {
@@ -38,27 +43,20 @@ IN_LAYER = {
     "output.dense": "ffn.lin2",
     "output.LayerNorm": "output_layer_norm",
 }
-_OURS_IN_LAYER = {v: k for k, v in IN_LAYER.items()}
-_OURS_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
-_THEIR_LAYER = re.compile(r"distilbert\.transformer\.layer\.(\d+)\.(.+)\.(weight|bias)")
+_to_layer, _from_layer = layer_renames("distilbert.transformer.layer.{i}.", IN_LAYER)
 _to_rest = rename_by_prefix((("bert.", "distilbert."),))
 # DistilBertForMaskedLM's vocab_transform, vocab_layer_norm, vocab_projector come in under cls.
 _from_rest = rename_by_prefix((("distilbert.", "bert."), ("vocab_", "cls.vocab_")))
 
 
 def _to_hf(name: str) -> str:
-    if (m := _OURS_LAYER.fullmatch(name)) and m[2] in IN_LAYER:
-        return f"distilbert.transformer.layer.{m[1]}.{IN_LAYER[m[2]]}.{m[3]}"
-    return _to_rest(name)
+    return _to_layer(name) or _to_rest(name)
 
 
 def _from_hf(name: str) -> str:
     if name.startswith(("embeddings.", "transformer.")):  # a bare DistilBertModel
         name = "distilbert." + name
-    if m := _THEIR_LAYER.fullmatch(name):
-        ours = _OURS_IN_LAYER.get(m[2])
-        return f"bert.encoder.layer.{m[1]}.{ours}.{m[3]}" if ours else name
-    return _from_rest(name)
+    return _from_layer(name) or _from_rest(name)
 
 
 def _read_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -93,5 +91,5 @@ FAMILY = Family(
     check=_check,
     options=frozenset({"sinusoidal_pos_embds"}),
     has_pooler=False,
-    token_types=False,
+    token_types="never",
 )
