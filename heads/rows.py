@@ -382,15 +382,29 @@ def flatten(inputs: list[str] | list[TextInput]) -> list[str]:
     return flat
 
 
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+
 def encode_texts(
-    tokenizer: Tokenizer, inputs: list[TextInput], max_seq_length: int, truncate: bool = True
+    tokenizer: Tokenizer,
+    inputs: list[TextInput],
+    max_seq_length: int,
+    truncate: bool = True,
+    direction: str = "right",
 ) -> EncodedTexts:
     """Single texts or (a, b) pairs -> one row each, cut to `max_seq_length` (longest_first for
-    pairs). With `truncate=False` an input that does not fit is an InvalidInput instead."""
+    pairs; "right" keeps each text's first tokens, "left" its last, as `tokenizers`'
+    truncation direction). With `truncate=False` an input that does not fit is an
+    InvalidInput instead."""
     # One batch call: `tokenizers` encodes it in parallel in Rust, and a pair's two texts are
     # normalised and pre-tokenized independently anyway, so encoding them apart is exact.
     encodings = tokenizer.encode_batch(flatten(inputs), add_special_tokens=False)
-    return text_rows(template(tokenizer), inputs, encodings, max_seq_length, truncate)
+    return text_rows(template(tokenizer), inputs, encodings, max_seq_length, truncate, direction)
+
+
+def _keep(ids: list[int], n: int, direction: str) -> list[int]:
+    """The n tokens of `ids` that truncation keeps: the first ("right") or the last ("left")."""
+    return ids[:n] if direction == "right" else ids[len(ids) - n :]
 
 
 def text_rows(
@@ -399,9 +413,15 @@ def text_rows(
     encodings: list[Encoding],
     max_seq_length: int,
     truncate: bool = True,
+    direction: str = "right",
 ) -> EncodedTexts:
     """`encode_texts` from the encodings of `flatten(inputs)` (the batch worker encodes many
     requests' texts in one call). layout: `template(tokenizer)`."""
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise InvalidInput(
+            f"truncation_direction must be one of {', '.join(TRUNCATION_DIRECTIONS)}, "
+            f"not {direction!r}"
+        )
     pairs = [not isinstance(x, str) for x in inputs]
     min_length = layout.pair.n_special if any(pairs) else layout.single.n_special
     if max_seq_length < min_length:
@@ -422,9 +442,9 @@ def text_rows(
             truncated += 1
             budget = max_seq_length - n_special
             if b is None:
-                a = a[:budget]
+                a = _keep(a, budget, direction)
             else:
                 keep_a, keep_b = longest_first(len(a), len(b), budget)
-                a, b = a[:keep_a], b[:keep_b]
+                a, b = _keep(a, keep_a, direction), _keep(b, keep_b, direction)
         sequences.append(row(layout, a, b))
     return EncodedTexts(sequences=sequences, truncated=truncated)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from heads.package import ModelPackage
-from heads.tasks import Job, classify, embed, ner, qa
+from heads.tasks import Job, classify, embed, ner, qa, tokenize
 from service.errors import PayloadTooLarge
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
@@ -103,6 +103,7 @@ class Engine:
         top_k: int | None = 1,
         function_to_apply: str | None = None,
         truncate: bool = True,
+        truncation_direction: str = "right",
         call: Call | None = None,
     ) -> Awaitable[list[list[dict[str, Any]]]]:
         """Per input (a text or an (a, b) pair) its top_k `{label, score}`, best first."""
@@ -117,6 +118,7 @@ class Engine:
                 top_k=top_k,
                 function_to_apply=function_to_apply,
                 truncate=truncate,
+                truncation_direction=truncation_direction,
             ),
             call,
         )
@@ -191,10 +193,14 @@ class Engine:
         pooling: str | None = None,
         combine: str = "concat",
         prompt_name: str | None = None,
+        truncation_direction: str = "right",
+        dimensions: int | None = None,
         call: Call | None = None,
     ) -> Awaitable[np.ndarray]:
         """(N, H) float32: one vector per text (the package's pooling and normalisation unless
-        `normalize` says otherwise; `layers` for a package exported with hidden states)."""
+        `normalize` says otherwise; `layers` for a package exported with hidden states;
+        `dimensions`: the first D values, normalised after the cut, as Matryoshka models are
+        used)."""
 
         items = list(texts)
 
@@ -206,15 +212,54 @@ class Engine:
                 truncate=truncate,
                 features=embed.features(package, layers, pooling, combine),
                 prompt=embed.prompt(package, prompt_name),
+                truncation_direction=truncation_direction,
+                dimensions=dimensions,
             )
 
         return self.run("embedding", model, items, job, call)
+
+    def tokenize(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+        call: Call | None = None,
+    ) -> Awaitable[list[list[dict[str, Any]]]]:
+        """Per text its tokens `{id, text, special, start, stop}` with the model's tokenizer
+        (any package; `prompt_name` for an embedding package's prompt)."""
+        items = list(texts)
+
+        def job(package: ModelPackage) -> tokenize.TokenizeJob:
+            prompt = embed.prompt(package, prompt_name) if prompt_name is not None else ""
+            return tokenize.TokenizeJob(items, add_special_tokens=add_special_tokens, prompt=prompt)
+
+        return self.run(None, model, items, job, call)
+
+    def decode(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        model: str | None = None,
+        skip_special_tokens: bool = True,
+        call: Call | None = None,
+    ) -> Awaitable[list[str]]:
+        """Per list of token ids its text, with the model's tokenizer (any package)."""
+        items = [list(row) for row in ids]
+        return self.run(
+            None,
+            model,
+            items,
+            lambda package: tokenize.DecodeJob(items, skip_special_tokens=skip_special_tokens),
+            call,
+        )
 
     # -- the one path ----------------------------------------------------------------------
 
     async def run(
         self,
-        task: str,
+        task: str | None,
         name: str | None,
         inputs: list[Any],
         make_job: Callable[[ModelPackage], Job],
@@ -229,7 +274,7 @@ class Engine:
         registry.admission.acquire()
         try:
             model = registry.select(task, name, call.where)
-            call.chose(model, task)
+            call.chose(model, task or model.package.task)
             self.check_sizes(inputs)
             job = call.job = make_job(model.package)
             return await call.wait(model.batcher.enqueue(job, call.deadline))
@@ -246,7 +291,11 @@ class Engine:
                 f"({s.max_client_batch_size}); split the request"
             )
         for i, x in enumerate(inputs):
-            n = len(x) if isinstance(x, str) else sum(map(len, x))
+            n = (
+                len(x)
+                if isinstance(x, str)
+                else sum(len(p) if isinstance(p, str) else 1 for p in x)
+            )
             if n > s.max_text_chars:
                 raise PayloadTooLarge(
                     f"inputs[{i}] has {n} characters, more than max_text_chars "

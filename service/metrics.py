@@ -46,6 +46,8 @@ ENDPOINTS_BY_TASK = {
     "question-answering": ("/qa",),
     "embedding": ("/embed", "/v1/embeddings"),
 }
+# Served for every package, whatever its task.
+ANY_TASK_ENDPOINTS = ("/tokenize", "/decode")
 INFERENCE_ENDPOINTS = tuple(e for endpoints in ENDPOINTS_BY_TASK.values() for e in endpoints)
 
 # Latency from a sub-millisecond tiny model on GPU to a long-context CPU batch.

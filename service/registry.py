@@ -227,8 +227,9 @@ class Registry:
                 headers={"Retry-After": "1"},
             )
 
-    def select(self, task: str, name: str | None, endpoint: str) -> LoadedModel:
-        """The model for a request: `name` if given, else the only ready model of `task`."""
+    def select(self, task: str | None, name: str | None, endpoint: str) -> LoadedModel:
+        """The model for a request: `name` if given, else the only ready model of `task`
+        (None: of any task, for what every package serves: /tokenize, /decode)."""
         if name is not None:
             entry = next((e for e in self.entries if e.name == name), None)
             if entry is None:
@@ -237,17 +238,20 @@ class Registry:
                 raise NotReady(f"model {name!r} is still loading")
             if entry.state == "failed" or entry.model is None:
                 raise ModelNotFound(f"model {name!r} failed to load: {entry.error}")
-            if entry.task != task:
+            if task is not None and entry.task != task:
                 raise InputError(
                     f"model {name!r} is for {entry.task}; {endpoint} needs a {task} model"
                 )
             return entry.model
-        candidates = [e.model for e in self.entries if e.task == task and e.model is not None]
+        candidates = [
+            e.model for e in self.entries if task in (None, e.task) and e.model is not None
+        ]
+        kind = f"{task} models" if task else "models"
         if len(candidates) == 1:
             return candidates[0]
         if candidates:
             names = ", ".join(m.name for m in candidates)
-            raise InputError(f"several {task} models are loaded ({names}); name one in 'model'")
+            raise InputError(f"several {kind} are loaded ({names}); name one in 'model'")
         if not self.loaded.is_set():
             raise NotReady("models are still loading")
-        raise ModelNotFound(f"no {task} model is loaded; GET /models lists what is")
+        raise ModelNotFound(f"no {task or ''} model is loaded; GET /models lists what is")

@@ -116,6 +116,15 @@ PromptName = Annotated[
 ]
 
 
+TruncationDirection = Annotated[
+    Literal["right", "left", "Right", "Left"],
+    Field(
+        description="Which end of a too-long input truncation cuts: right keeps the first "
+        "tokens, left the last (TEI's Right / Left are accepted too).",
+    ),
+]
+
+
 class _Body(BaseModel):
     # extra="forbid": a misspelt option is an error, not a default. strict: JSON types as the
     # schema says (no "3" for 3, no 0 for false), so a client's type mistake is not guessed at.
@@ -136,6 +145,7 @@ class ClassifyRequest(_Body):
     truncate: bool = Field(
         default=True, description="Cut inputs to the model window; false = 422 instead."
     )
+    truncation_direction: TruncationDirection = "right"
     model: ModelName = None
 
 
@@ -259,7 +269,35 @@ class EmbedRequest(_Body):
     truncate: bool = Field(
         default=True, description="Cut inputs to the model window; false = 422 instead."
     )
+    truncation_direction: TruncationDirection = "right"
+    dimensions: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Keep the first D values of each vector (Matryoshka), normalised after "
+        "the cut when the vectors are normalised; at most the model's size.",
+    )
     prompt_name: PromptName = None
+    model: ModelName = None
+
+
+class TokenizeRequest(_Body):
+    inputs: Texts
+    add_special_tokens: bool = Field(
+        default=True, description="Put the model's special tokens ([CLS] ... [SEP]) around."
+    )
+    prompt_name: PromptName = None
+    model: ModelName = None
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=0, max_length=MAX_TOKENS)]
+
+
+class DecodeRequest(_Body):
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="Token ids, or a list of id lists."
+    )
+    skip_special_tokens: bool = Field(default=True, description="Leave out [CLS], [PAD]...")
     model: ModelName = None
 
 
@@ -270,7 +308,11 @@ class OpenAIEmbeddingRequest(BaseModel):
     model: ModelName = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(
-        default=None, ge=1, le=MAX_TOKENS, description="Must equal the model's, if given."
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Keep the first D values of each vector (Matryoshka), normalised after "
+        "the cut; at most the model's size.",
     )
     user: str | None = None
     prompt_name: PromptName = None
@@ -310,6 +352,14 @@ class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str = Field(description="The input's characters [start, stop), or a special token.")
+    special: bool
+    start: int | None = Field(description="Character offset into the input; null if special.")
+    stop: int | None
 
 
 class Usage(BaseModel):
@@ -355,6 +405,9 @@ class ModelInfo(BaseModel):
     variants: list[str] | None = None
     provider: str | None = None
     warmup_seconds: float | None = None
+    endpoints: list[str] | None = Field(
+        default=None, description="The POST endpoints that serve this package."
+    )
 
 
 class ModelsResponse(BaseModel):

@@ -137,8 +137,10 @@ class Job:
         top_k: int | None = 1,
         function_to_apply: str | None = None,
         truncate: bool = True,
+        truncation_direction: str = "right",
     ) -> None:
         self.inputs, self.texts = inputs, flatten(inputs)
+        self.direction = truncation_direction
         self.labels = package.labels or []
         self.problem_type = package.problem_type or "single_label"
         self.max_seq_length = package.max_seq_length
@@ -149,7 +151,12 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         encoded = text_rows(
-            template(tokenizer), self.inputs, encodings, self.max_seq_length, self.truncate
+            template(tokenizer),
+            self.inputs,
+            encodings,
+            self.max_seq_length,
+            self.truncate,
+            self.direction,
         )
         self.truncated = encoded.truncated
         return encoded.sequences

@@ -50,6 +50,7 @@ __all__ = [
     "postprocess",
     "preprocess",
     "prompt",
+    "shorten",
 ]
 
 # Same floor as torch.nn.functional.normalize: an all-zero vector stays zero instead of NaN.
@@ -84,6 +85,27 @@ def postprocess(embeddings: np.ndarray, normalize: bool) -> np.ndarray:
     # The norm in float64: fp16 graphs can hand back values whose squares overflow float16/32.
     norms = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
     return (x / np.maximum(norms, EPS)).astype(np.float32)
+
+
+def shorten(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """(N, H) -> (N, dimensions): the first `dimensions` values of each vector, as a
+    Matryoshka-trained model (and OpenAI's `dimensions`) means them; normalisation comes after,
+    so a shortened vector is unit length again. InvalidInput past H."""
+    if dimensions is None:
+        return vectors
+    if not 1 <= dimensions <= vectors.shape[1]:
+        raise InvalidInput(
+            f"dimensions must be between 1 and {vectors.shape[1]} (the model's embedding size)"
+        )
+    return vectors[:, :dimensions]
+
+
+def embedding_width(package: ModelPackage) -> int | None:
+    """H of the package's `embeddings` output, when package.json states it."""
+    for output in package.outputs:
+        if output["name"] == "embeddings" and isinstance(output.get("shape", [None])[-1], int):
+            return int(output["shape"][-1])
+    return None
 
 
 def hidden_states(outputs: list[dict[str, Any]]) -> int | None:
@@ -189,8 +211,15 @@ class Job:
         truncate: bool = True,
         features: Features | None = None,
         prompt: str = "",
+        truncation_direction: str = "right",
+        dimensions: int | None = None,
     ) -> None:
         _check_texts(texts)
+        self.direction = truncation_direction
+        self.dimensions = dimensions
+        width = embedding_width(package) if features is None else None
+        if dimensions is not None and width is not None:
+            shorten(np.zeros((0, width), dtype=np.float32), dimensions)  # a 422 before compute
         self.texts = [prompt + text for text in texts] if prompt else texts
         self.max_seq_length = package.max_seq_length
         self.normalize = package.normalize if normalize is None else normalize
@@ -199,7 +228,12 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         encoded = text_rows(
-            template(tokenizer), self.texts, encodings, self.max_seq_length, self.truncate
+            template(tokenizer),
+            self.texts,
+            encodings,
+            self.max_seq_length,
+            self.truncate,
+            self.direction,
         )
         self.truncated = encoded.truncated
         self.tokens = sum(len(row) for row in encoded.sequences)
@@ -207,10 +241,12 @@ class Job:
 
     def answer(self, outputs: list[Outputs]) -> np.ndarray:
         if self.features is None:
-            return postprocess(np.stack([out["embeddings"] for out in outputs]), self.normalize)
-        f = self.features
-        states = np.stack([out[f.output] for out in outputs])  # (N, L + 1, H)
-        return postprocess(combine_layers(states, f.layers, f.combine), self.normalize)
+            vectors = np.stack([out["embeddings"] for out in outputs])
+        else:
+            f = self.features
+            states = np.stack([out[f.output] for out in outputs])  # (N, L + 1, H)
+            vectors = combine_layers(states, f.layers, f.combine)
+        return postprocess(shorten(vectors, self.dimensions), self.normalize)
 
     @staticmethod
     def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[np.ndarray]:
@@ -219,13 +255,12 @@ class Job:
         worker thread's time for single-text requests); layer features one job at a time."""
         together = [j for j, job in enumerate(jobs) if job.features is None]
         answers: list[np.ndarray | None] = [None] * len(jobs)
-        for normalize in (True, False):
-            js = [j for j in together if jobs[j].normalize == normalize]
-            if not js:
-                continue
-            vectors = postprocess(
-                np.stack([out["embeddings"] for j in js for out in outputs[j]]), normalize
-            )  # (N, H)
+        groups: dict[tuple[bool, int | None], list[int]] = {}
+        for j in together:
+            groups.setdefault((jobs[j].normalize, jobs[j].dimensions), []).append(j)
+        for (normalize, dimensions), js in groups.items():
+            stacked = np.stack([out["embeddings"] for j in js for out in outputs[j]])
+            vectors = postprocess(shorten(stacked, dimensions), normalize)  # (N, D)
             at = 0
             for j in js:
                 answers[j] = vectors[at : at + len(outputs[j])]

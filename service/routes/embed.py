@@ -8,7 +8,6 @@ import base64
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from service.errors import InputError
 from service.routes.answers import ERRORS, as_list, json_response
 from service.routes.inference import Inference, InferenceRoute
 from service.schemas import (
@@ -34,6 +33,8 @@ async def embed_texts(body: EmbedRequest, run: Inference) -> Response:
         pooling=body.pooling,
         combine=body.combine,
         prompt_name=body.prompt_name,
+        truncation_direction=body.truncation_direction.lower(),
+        dimensions=body.dimensions,
         call=run,
     )
     return json_response(vectors)  # (N, H) float32, written straight from numpy
@@ -45,11 +46,14 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, run: Inference) -> Res
     window are truncated (OpenAI refuses them; truncation is what TEI does here)."""
     texts, _ = as_list(body.input)
     vectors = await run.engine.embed(
-        texts, model=body.model, truncate=True, prompt_name=body.prompt_name, call=run
+        texts,
+        model=body.model,
+        truncate=True,
+        prompt_name=body.prompt_name,
+        dimensions=body.dimensions,
+        call=run,
     )
     assert run.model is not None and run.job is not None  # the engine chose and ran them
-    if body.dimensions is not None and body.dimensions != vectors.shape[1]:
-        raise InputError(f"dimensions must be {vectors.shape[1]} for model {run.model.name!r}")
     base64_vectors = body.encoding_format == "base64"
     data = [
         {

@@ -95,7 +95,9 @@ CASES = [
     ("/embed", {"inputs": [[1, 2]]}, 422, "validation", "item 0"),
     ("/embed", {"inputs": "a", "normalize": "maybe"}, 422, "validation", "normalize"),
     ("/v1/embeddings", {"input": [[1, 2, 3]]}, 422, "validation", "input"),
-    ("/v1/embeddings", {"input": "a", "dimensions": 7}, 422, "validation", "dimensions"),
+    ("/v1/embeddings", {"input": "a", "dimensions": 999}, 422, "validation", "dimensions"),
+    ("/embed", {"inputs": "a", "dimensions": 999}, 422, "validation", "between 1 and"),
+    ("/classify", {"inputs": "a", "truncation_direction": "up"}, 422, "validation", "truncation"),
     (
         "/v1/embeddings",
         {"input": "a", "encoding_format": "int8"},

@@ -181,3 +181,34 @@ def test_same_answers_as_the_pipeline(
         assert [x["score"] for o in ours for x in o] == pytest.approx(
             [x["score"] for t in theirs for x in t], abs=1e-4
         )
+
+
+@pytest.mark.parametrize("direction", ["right", "left"])
+@pytest.mark.parametrize("max_length", [5, 8, 13])
+def test_truncation_direction_cuts_as_tokenizers_does(
+    toy_tokenizer: Tokenizer, direction: str, max_length: int
+) -> None:
+    """`direction` "left" keeps each text's last tokens, as the `tokenizers` truncation with
+    direction="left" (TEI's truncation_direction) does, for single texts and longest_first
+    pairs alike."""
+    texts = ["the film was great and the music was good", "a dull one", "so so so so so so so"]
+    pairs = [(texts[0], texts[2]), (texts[1], texts[0]), (texts[2], texts[2])]
+    reference = Tokenizer.from_str(toy_tokenizer.to_str())
+    reference.enable_truncation(max_length, strategy="longest_first", direction=direction)
+    job = classify.Job(_toy_package(), [*texts, *pairs], truncation_direction=direction)
+    job.max_seq_length = max_length
+    flat = [t for x in [*texts, *pairs] for t in ((x,) if isinstance(x, str) else x)]
+    rows = job.rows(toy_tokenizer, toy_tokenizer.encode_batch(flat, add_special_tokens=False))
+    want = [reference.encode(t).ids for t in texts] + [reference.encode(a, b).ids for a, b in pairs]
+    assert [r.input_ids.tolist() for r in rows] == want
+    assert job.truncated == sum(
+        len(toy_tokenizer.encode(*((x,) if isinstance(x, str) else x)).ids) > max_length
+        for x in [*texts, *pairs]
+    )
+
+
+def _toy_package() -> Any:
+    """The fields classify.Job reads from a package."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(labels=["a", "b"], problem_type="single_label", max_seq_length=512)

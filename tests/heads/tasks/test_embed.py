@@ -70,3 +70,29 @@ def test_matches_torch_normalize() -> None:
     x = np.random.default_rng(1).normal(0, 1, (4, 384)).astype(np.float32)
     expected = torch.nn.functional.normalize(torch.from_numpy(x), dim=-1).numpy()
     assert np.allclose(embed.postprocess(x, normalize=True), expected, atol=1e-6)
+
+
+def test_dimensions_keep_the_first_values_then_normalise() -> None:
+    """Matryoshka `dimensions`: the first D values of each vector, unit length again when the
+    vectors are normalised, unchanged otherwise; past the model's size or below 1 refused."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(3, 8)).astype(np.float32)
+    package = SimpleNamespace(
+        max_seq_length=16,
+        normalize=True,
+        outputs=[{"name": "embeddings", "shape": ["batch", 8]}],
+    )
+    outputs = [{"embeddings": v} for v in vectors]
+    job = embed.Job(package, ["a", "b", "c"], dimensions=3)  # type: ignore[arg-type]
+    cut = job.answer(outputs)
+    want = vectors[:, :3] / np.linalg.norm(vectors[:, :3], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, want, rtol=1e-6)
+    raw = embed.Job(package, ["a"] * 3, dimensions=3, normalize=False)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(raw.answer(outputs), vectors[:, :3])
+    together = embed.Job.answer_many([job, raw], [outputs, outputs])
+    np.testing.assert_allclose(together[0], want, rtol=1e-6)
+    for bad in (0, 9):
+        with pytest.raises(InvalidInput, match="dimensions must be between 1 and 8"):
+            embed.Job(package, ["a"], dimensions=bad)  # type: ignore[arg-type]
