@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from heads.package import ModelPackage
-from heads.tasks import Job, classify, embed, ner, qa, tokenize
+from heads.tasks import Job, classify, embed, ner, qa, rerank, tokenize
 from service.errors import PayloadTooLarge
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
@@ -217,6 +217,38 @@ class Engine:
             )
 
         return self.run("embedding", model, items, job, call)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        model: str | None = None,
+        raw_scores: bool = False,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        top_n: int | None = None,
+        call: Call | None = None,
+    ) -> Awaitable[list[dict[str, Any]]]:
+        """Per document `{index, score}` (and `window`, the best window's character span, when
+        a long document was scored by windows), best first, at most top_n; the model is a
+        classification package of a cross-encoder (heads.tasks.rerank)."""
+        items = list(documents)
+        return self.run(
+            "classification",
+            model,
+            [query, *items],
+            lambda package: rerank.Job(
+                package,
+                query,
+                items,
+                raw_scores=raw_scores,
+                truncate=truncate,
+                truncation_direction=truncation_direction,
+                top_n=top_n,
+            ),
+            call,
+        )
 
     def tokenize(
         self,

@@ -281,6 +281,37 @@ class EmbedRequest(_Body):
     model: ModelName = None
 
 
+class RerankRequest(_Body):
+    query: Text
+    texts: Annotated[list[Text], Field(min_length=1)] = Field(description="The documents.")
+    truncate: bool = Field(
+        default=False,
+        description="Cut each (query, document) pair to the model window, as the peers do. "
+        "Default: a document that does not fit is scored by windows of it, its best window "
+        "counting (the answer names it).",
+    )
+    truncation_direction: TruncationDirection = "right"
+    raw_scores: bool = Field(
+        default=False, description="The relevance logit instead of its sigmoid / softmax."
+    )
+    return_text: bool = Field(default=False, description="Put each document's text in.")
+    model: ModelName = None
+
+
+class RerankDocument(_Body):
+    text: Text
+
+
+class OpenRerankRequest(BaseModel):
+    # Cohere / Jina / infinity clients send fields we have no use for
+    model_config = ConfigDict(extra="ignore", strict=True)
+    query: Text
+    documents: Annotated[list[Text | RerankDocument], Field(min_length=1)]
+    top_n: int | None = Field(default=None, ge=1, description="The best N; default all.")
+    return_documents: bool = False
+    model: ModelName = None
+
+
 class TokenizeRequest(_Body):
     inputs: Texts
     add_special_tokens: bool = Field(
@@ -352,6 +383,38 @@ class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
+
+
+class Span(BaseModel):
+    start: int
+    end: int
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+    window: Span | None = Field(
+        default=None,
+        description="When the document was scored by windows: the best one's character span.",
+    )
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+    window: Span | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class OpenRerankResponse(BaseModel):
+    results: list[RerankResult]
+    model: str
+    usage: RerankUsage
 
 
 class SimpleToken(BaseModel):

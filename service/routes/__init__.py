@@ -7,7 +7,7 @@ The order of ROUTERS is the order of the OpenAPI page.
 
 from __future__ import annotations
 
-from service.routes import classify, embed, models, ner, probes, qa, tokenize
+from service.routes import classify, embed, models, ner, probes, qa, rerank, tokenize
 from service.routes import metrics as metrics_route
 from service.routes.inference import InferenceRoute
 
@@ -16,6 +16,7 @@ ROUTERS = [
     ner.router,
     qa.router,
     embed.router,
+    rerank.router,
     tokenize.router,
     models.router,
     probes.router,

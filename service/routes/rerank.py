@@ -1,0 +1,51 @@
+"""Reranking in two dialects: POST /rerank (text-embeddings-inference's) and POST /v1/rerank
+(Cohere's, as Jina and infinity serve it). One path: the engine's rerank task."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from service.routes.answers import ERRORS, json_response
+from service.routes.inference import Inference, InferenceRoute
+from service.schemas import OpenRerankRequest, OpenRerankResponse, Rank, RerankRequest
+
+router = APIRouter(tags=["reranking"], route_class=InferenceRoute)
+
+
+@router.post("/rerank", response_model=list[Rank], responses=ERRORS)
+async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
+    """Every document's `{index, score}`, best first (`text` with return_text)."""
+    ranked = await run.engine.rerank(
+        body.query,
+        body.texts,
+        model=body.model,
+        raw_scores=body.raw_scores,
+        truncate=body.truncate,
+        truncation_direction=body.truncation_direction.lower(),
+        call=run,
+    )
+    if body.return_text:
+        ranked = [{**r, "text": body.texts[r["index"]]} for r in ranked]
+    return json_response(ranked)
+
+
+@router.post("/v1/rerank", response_model=OpenRerankResponse, responses=ERRORS)
+async def open_rerank(body: OpenRerankRequest, run: Inference) -> Response:
+    """The best top_n documents as `{index, relevance_score}` (`document` with
+    return_documents), with the model and the tokens read."""
+    texts = [d if isinstance(d, str) else d.text for d in body.documents]
+    ranked = await run.engine.rerank(
+        body.query, texts, model=body.model, top_n=body.top_n, call=run
+    )
+    assert run.model is not None and run.job is not None  # the engine chose and ran them
+    results = []
+    for r in ranked:
+        item = {"index": r["index"], "relevance_score": r["score"]}
+        if body.return_documents:
+            item["document"] = {"text": texts[r["index"]]}
+        if "window" in r:
+            item["window"] = r["window"]
+        results.append(item)
+    usage = {"total_tokens": run.job.tokens}  # type: ignore[attr-defined]  # a rerank.Job's
+    return json_response({"results": results, "model": run.model.name, "usage": usage})
