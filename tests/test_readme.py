@@ -51,6 +51,8 @@ TASK_OF_ENDPOINT = {
     "/qa": "question-answering",
     "/embed": "embedding",
     "/v1/embeddings": "embedding",
+    "/rerank": "classification",
+    "/v1/rerank": "classification",
 }
 EXACT_STRINGS = {"error_type", "object", "status"}  # fixed by the API, not by the model
 # The `save_pretrained` folders the README's "BERT family" commands start from, and the packages
