@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from heads.package import ModelPackage
-from heads.tasks import Job, classify, embed, ner, qa, rerank, tokenize
+from heads.tasks import Job, classify, embed, ner, qa, rerank, tokenize, zero_shot
 from service.errors import PayloadTooLarge
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
@@ -246,6 +246,34 @@ class Engine:
                 truncate=truncate,
                 truncation_direction=truncation_direction,
                 top_n=top_n,
+            ),
+            call,
+        )
+
+    def zero_shot(
+        self,
+        sequences: Sequence[str],
+        candidate_labels: Sequence[str],
+        *,
+        model: str | None = None,
+        hypothesis_template: str = zero_shot.DEFAULT_TEMPLATE,
+        multi_label: bool = False,
+        call: Call | None = None,
+    ) -> Awaitable[list[dict[str, Any]]]:
+        """Per text `{sequence, labels, scores}`, best first, from an NLI classification
+        package: every (text, label) pair of the request is one row (heads.tasks.zero_shot)."""
+        items, labels = list(sequences), list(candidate_labels)
+        self.check_sizes(labels)
+        return self.run(
+            "classification",
+            model,
+            items,
+            lambda package: zero_shot.Job(
+                package,
+                items,
+                labels,
+                hypothesis_template=hypothesis_template,
+                multi_label=multi_label,
             ),
             call,
         )

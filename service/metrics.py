@@ -41,7 +41,7 @@ FAILURE_REASONS = (
     "internal",
 )
 ENDPOINTS_BY_TASK = {
-    "classification": ("/classify", "/rerank", "/v1/rerank"),
+    "classification": ("/classify", "/zero-shot", "/rerank", "/v1/rerank"),
     "token-classification": ("/ner",),
     "question-answering": ("/qa",),
     "embedding": ("/embed", "/v1/embeddings"),

@@ -281,6 +281,28 @@ class EmbedRequest(_Body):
     model: ModelName = None
 
 
+class ZeroShotRequest(_Body):
+    inputs: Texts
+    candidate_labels: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="The labels to choose from: a list, or one comma-separated string."
+    )
+    hypothesis_template: Text = Field(
+        default="This example is {}.", description="The hypothesis; {} is where a label goes."
+    )
+    multi_label: bool = Field(
+        default=False,
+        description="Score each label on its own (entailment vs contradiction) instead of "
+        "softmaxing the labels against each other.",
+    )
+    model: ModelName = None
+
+
+class ZeroShotAnswer(BaseModel):
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+
 class RerankRequest(_Body):
     query: Text
     texts: Annotated[list[Text], Field(min_length=1)] = Field(description="The documents.")

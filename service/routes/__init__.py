@@ -7,12 +7,23 @@ The order of ROUTERS is the order of the OpenAPI page.
 
 from __future__ import annotations
 
-from service.routes import classify, embed, models, ner, probes, qa, rerank, tokenize
+from service.routes import (
+    classify,
+    embed,
+    models,
+    ner,
+    probes,
+    qa,
+    rerank,
+    tokenize,
+    zero_shot,
+)
 from service.routes import metrics as metrics_route
 from service.routes.inference import InferenceRoute
 
 ROUTERS = [
     classify.router,
+    zero_shot.router,
     ner.router,
     qa.router,
     embed.router,

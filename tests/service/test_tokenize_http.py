@@ -88,7 +88,11 @@ async def test_decode_equals_the_fast_tokenizer(served: Service, family: str, sk
 @pytest.mark.parametrize(
     "path, body, word",
     [
-        ("/decode", {"ids": [[1, 10**9]], "model": name("bert")}, "outside this model's vocabulary"),
+        (
+            "/decode",
+            {"ids": [[1, 10**9]], "model": name("bert")},
+            "outside this model's vocabulary",
+        ),
         ("/decode", {"ids": [-1], "model": name("bert")}, "ids"),
         ("/decode", {"ids": "1 2", "model": name("bert")}, "ids"),
         ("/tokenize", {"inputs": [], "model": name("bert")}, "inputs"),
@@ -104,7 +108,14 @@ async def test_bad_input_is_a_clear_422(served: Service, path: str, body: dict, 
 async def test_models_lists_each_packages_endpoints(served: Service):
     response = await served.client.get("/models")
     endpoints = {m["name"]: m["endpoints"] for m in response.json()["models"]}
-    assert endpoints[name("bert")] == ["/classify", "/tokenize", "/decode"]
+    assert endpoints[name("bert")] == [
+        "/classify",
+        "/zero-shot",
+        "/rerank",
+        "/v1/rerank",
+        "/tokenize",
+        "/decode",
+    ]
 
 
 def test_schema_lists_the_endpoints(tmp_path: Path):
