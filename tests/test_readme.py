@@ -51,6 +51,7 @@ TASK_OF_ENDPOINT = {
     "/qa": "question-answering",
     "/embed": "embedding",
     "/v1/embeddings": "embedding",
+    "/zero-shot": "classification",
     "/rerank": "classification",
     "/v1/rerank": "classification",
 }
@@ -316,6 +317,10 @@ def _minilm_tokenizer() -> Any:
     return load_tokenizer(Path(gt.get_model_path()))
 
 
+# Labels of the stand-ins whose endpoint needs them: an NLI model names entailment.
+STAND_IN_LABELS = {"nli": ["entailment", "neutral", "contradiction"], "reranker": ["score"]}
+
+
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
     get 4 layers and --hidden-states, for the README's feature-based example."""
@@ -339,8 +344,10 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
                            name=name, verbose=False)  # fmt: skip
             continue
         tok = packages.tiny_tokenizer()
+        labels = STAND_IN_LABELS.get(name)
         config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
-                            num_hidden_layers=4, num_attention_heads=4, intermediate_size=37)  # fmt: skip
+                            num_hidden_layers=4, num_attention_heads=4, intermediate_size=37,
+                            id2label=dict(enumerate(labels)) if labels else None)  # fmt: skip
         export_package(HEADS[task](config).eval(), task, folder / name, tokenizer=tok, name=name,
                        max_seq_length=128, verbose=False, hidden_states=task == "embedding")  # fmt: skip
     return folder
