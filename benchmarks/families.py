@@ -3,6 +3,7 @@ against BERT of the same size, as the service runs them (issue 29).
 
     python -m benchmarks.families                          # tiny and base shapes
     python -m benchmarks.families --shapes base --rounds 5
+    python -m benchmarks.families --long 2048              # ModernBERT: one long row vs windows
 
 For each shape, one random classification model per family is exported by `training.export`
 (the fp32 package the service serves: ORT's optimizer fuses what it recognises) and opened with
@@ -19,7 +20,11 @@ feed-forward parameters):
           c2p, shared keys), ModernBERT with base's (a window of 128, every third layer
           global), MPNet with 32 relative buckets.
 
-Writes benchmarks/results/families.{json,md}.
+`--long T`: ModernBERT (base shape, a window of 128) on one row of T tokens against the same
+tokens as rows of 512, in one run: what one long window costs next to the service's windows
+(the exported graph computes local layers as masked full attention, O(T^2)).
+
+Writes benchmarks/results/families.{json,md} (with --long: families-long.{json,md}).
 """
 
 from __future__ import annotations
@@ -144,6 +149,41 @@ def time_once(backend: Any, batch: dict[str, np.ndarray], repeats: int) -> float
     return 1000 * statistics.median(times)
 
 
+def long_rows(length: int, rounds: int, out: Path, settings: Settings) -> int:
+    """ModernBERT base: 1 x `length` tokens against length / 512 rows of 512."""
+    tok = tiny_tokenizer()
+    cfg = config("modernbert", "base", tok.get_vocab_size()).replace(max_position_embeddings=length)
+    torch.manual_seed(0)
+    model = HEADS["classification"](cfg).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        export_package(model, "classification", Path(tmp) / "p", tokenizer=tok,
+                       max_seq_length=length, verbose=False)  # fmt: skip
+        package = read_package(Path(tmp) / "p")
+        backend, _ = open_backend(package, settings)
+        names = [i["name"] for i in package.inputs]
+        shapes = [(1, length), (length // 512, 512)]
+        samples: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
+        for _ in range(rounds):
+            for rows, tokens in shapes:
+                batch = feeds(rows, tokens, names, 200)
+                time_once(backend, batch, 1)
+                samples[rows, tokens].append(time_once(backend, batch, 3))
+    ms = {s: statistics.median(v) for s, v in samples.items()}
+    lines = [
+        f"# ModernBERT base: one row of {length} tokens vs rows of 512 "
+        f"(median of {rounds} interleaved rounds)",
+        "",
+        "| batch | ms |",
+        "|---|---|",
+        *(f"| {r} x {t} | {m:.0f} |" for (r, t), m in ms.items()),
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "families-long.md").write_text("\n".join(lines) + "\n")
+    (out / "families-long.json").write_text(json.dumps({f"{r}x{t}": m for (r, t), m in ms.items()}))
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.families", description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
@@ -152,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=2.0, help="timed per (family, batch) per round"
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--long", type=int, help="time ModernBERT on one row of this many tokens")
     args = ap.parse_args(argv)
     settings = Settings()
+    if args.long:
+        return long_rows(args.long, args.rounds, args.out, settings)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:

@@ -217,9 +217,9 @@ class Job:
         _check_texts(texts)
         self.direction = truncation_direction
         self.dimensions = dimensions
-        width = embedding_width(package) if features is None else None
-        if dimensions is not None and width is not None:
-            shorten(np.zeros((0, width), dtype=np.float32), dimensions)  # a 422 before compute
+        width = embedding_width(package) if dimensions is not None and features is None else None
+        if width is not None:  # a bad `dimensions` is a 422 before any compute
+            shorten(np.zeros((0, width), dtype=np.float32), dimensions)
         self.texts = [prompt + text for text in texts] if prompt else texts
         self.max_seq_length = package.max_seq_length
         self.normalize = package.normalize if normalize is None else normalize
