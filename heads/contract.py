@@ -6,18 +6,20 @@ scores through them. Dependency-free on purpose: importing it pulls in nothing.
 
 from __future__ import annotations
 
-TASKS = ("classification", "token-classification", "question-answering", "embedding")
+TASKS = ("classification", "token-classification", "question-answering", "embedding", "fill-mask")
 
 # The graph's inputs, in the order the exporter declares them; every package takes all three.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 # The outputs each head's graph answers and its post-processing reads: logits (B, C) or
-# (B, T, C), start_logits / end_logits (B, T), embeddings (B, H).
+# (B, T, C), start_logits / end_logits (B, T), embeddings (B, H) (or (B, V) for a sparse
+# pooling), the masked-LM logits (B, T, V) over the vocabulary.
 OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "classification": ("logits",),
     "token-classification": ("logits",),
     "question-answering": ("start_logits", "end_logits"),
     "embedding": ("embeddings",),
+    "fill-mask": ("logits",),
 }
 
 # Embedding packages exported with --hidden-states also answer every layer's states pooled
@@ -33,10 +35,16 @@ HF_PROBLEM_TYPES: dict[str, str] = {
     "regression": "regression",
 }
 
-# How a sequence becomes one vector: the embedding head's pooling and the classifier's, in
-# sentence-transformers' Pooling mode names (training.model.pool computes each).
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens")
-POOLED_TASKS = ("embedding", "classification")  # the heads a pooling choice applies to
+# How a sequence becomes one vector. Dense: the hidden states pooled, for the embedding head
+# and the classifier, in sentence-transformers' Pooling mode names (training.model.pool
+# computes each). Sparse, embedding packages only: the masked-LM logits (B, T, V) become one
+# vocabulary-wide vector (B, V) of mostly zeros; "splade" is max over the real tokens of
+# log(1 + relu(logits)) (sentence-transformers' SpladePooling "max", TEI's /embed_sparse).
+# package.json's `pooling` says which, so a reader knows a package is sparse.
+DENSE_POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens")
+SPARSE_POOLINGS = ("splade",)
+POOLINGS = DENSE_POOLINGS + SPARSE_POOLINGS  # what an embedding package's pooling may be
+POOLED_TASKS = ("embedding", "classification")  # the heads a dense pooling choice applies to
 
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANT_FILES: dict[str, str] = {

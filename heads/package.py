@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heads.contract import MANIFEST, POOLINGS, PROBLEM_TYPES, TASKS, TOKENIZER, VARIANTS
+from heads.contract import (
+    MANIFEST,
+    POOLINGS,
+    PROBLEM_TYPES,
+    SPARSE_POOLINGS,
+    TASKS,
+    TOKENIZER,
+    VARIANTS,
+)
 
 FORMAT_VERSION = 1
 REQUIRED = (
@@ -49,7 +57,7 @@ class ModelPackage:
     task: str
     labels: list[str] | None  # id -> label (classification, token-classification)
     problem_type: str | None  # single_label | multi_label | regression (classification)
-    pooling: str | None  # one of POOLINGS (embedding; applied inside the graph)
+    pooling: str | None  # one of POOLINGS (embedding; applied inside the graph); see `sparse`
     normalize: bool  # embedding: L2-normalise by default (the service does it, not the graph)
     max_seq_length: int
     do_lower_case: bool
@@ -64,6 +72,17 @@ class ModelPackage:
     # /embed `prompt_name`) and the one used when a request names none; older packages: none
     prompts: dict[str, str]
     default_prompt_name: str | None
+    # fill-mask: the token texts mark their blanks with ([MASK], <mask>; None: the package
+    # cannot fill any), and whether transformers' decode removes spaces before punctuation
+    # (its tokenizer_config.json's clean_up_tokenization_spaces), for the answer's sequences
+    mask_token: str | None = None
+    clean_up_tokenization_spaces: bool = False
+
+    @property
+    def sparse(self) -> bool:
+        """An embedding package whose vectors are vocabulary-wide and mostly zeros (pooling
+        "splade"): (V,) per text, answered as its non-zero entries (heads.tasks.sparse)."""
+        return self.pooling in SPARSE_POOLINGS
 
     def variant_path(self, variant: str) -> Path:
         if variant not in self.variants:
@@ -122,6 +141,9 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         raise bad("prompts must map names to texts")
     if default_prompt is not None and default_prompt not in prompts:
         raise bad(f"default_prompt_name {default_prompt!r} is not one of the prompts")
+    mask_token = m.get("mask_token")
+    if mask_token is not None and (not isinstance(mask_token, str) or not mask_token):
+        raise bad(f"mask_token {mask_token!r} is not a token")
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
 
@@ -169,6 +191,8 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         source=m.get("source", {}),
         prompts=dict(prompts),
         default_prompt_name=default_prompt,
+        mask_token=mask_token if m["task"] == "fill-mask" else None,
+        clean_up_tokenization_spaces=bool(m.get("clean_up_tokenization_spaces", False)),
     )
 
 

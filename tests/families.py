@@ -4,6 +4,7 @@ exactly as a user's fine-tuned head would be, for the tests of issue 17 (bring y
     >>> folder = family_checkpoint("roberta", "question-answering")
     >>> folder = family_checkpoint("distilbert", "classification", labels=["neg", "pos"])
     >>> folder = family_checkpoint("roberta", "classification", slow_tokenizer=True)
+    >>> folder = family_checkpoint("bert", "masked-lm")  # BertForMaskedLM (not for ELECTRA)
 
 Each model is random (seeded) with transformers' own config and model classes, hidden 32, 2
 layers; its tokenizer is trained here with the `tokenizers` library on text the repository ships
@@ -46,6 +47,7 @@ TASK_CLASSES = {  # our task -> transformers class-name suffix
     "token-classification": "ForTokenClassification",
     "question-answering": "ForQuestionAnswering",
     "embedding": "Model",
+    "masked-lm": "ForMaskedLM",  # what fill-mask and SPLADE packages export
 }
 CLASS_PREFIX = {
     "bert": "Bert",
@@ -334,17 +336,24 @@ _packages: dict[tuple[Any, ...], Path] = {}
 
 
 def family_package(
-    family: str, task: str, *, seed: int = 0, max_seq_length: int | None = None
+    family: str,
+    task: str,
+    *,
+    seed: int = 0,
+    max_seq_length: int | None = None,
+    pooling: str | None = None,
 ) -> Path:
     """`family_checkpoint(family, task, seed=seed)` exported by training.export (fp32), cached
-    for the session: the export tests and the served-parity tests share one package each."""
-    key = (family, task, seed, max_seq_length)
+    for the session: the export tests and the served-parity tests share one package each.
+    fill-mask, and embedding with pooling "splade", export the family's "masked-lm" folder."""
+    key = (family, task, seed, max_seq_length, pooling)
     if key not in _packages:
         from training.export import export_package
 
-        out = _cache_root / "packages" / f"{family}-{task}-{seed}-{max_seq_length}"
-        folder = family_checkpoint(family, task, seed=seed)
+        out = _cache_root / "packages" / f"{family}-{task}-{seed}-{max_seq_length}-{pooling}"
+        masked_lm = task == "fill-mask" or pooling == "splade"
+        folder = family_checkpoint(family, "masked-lm" if masked_lm else task, seed=seed)
         _packages[key] = export_package(
-            folder, task, out, max_seq_length=max_seq_length, verbose=False
+            folder, task, out, max_seq_length=max_seq_length, pooling=pooling, verbose=False
         ).path
     return _packages[key]

@@ -10,12 +10,16 @@ theirs (bert-base-uncased, all-MiniLM-L6-v2, a fine-tuned head) open here.
 Other BERT-family checkpoints (config.json model_type albert, roberta, xlm-roberta, camembert,
 electra, distilbert) load and save under their own transformers names (AlbertModel,
 RobertaForSequenceClassification, ...), each renamed by its module in `training/families/`;
-the pretraining head exists for bert and albert only.
+the pretraining head exists for bert and albert only, the masked-LM head (task "fill-mask",
+*ForMaskedLM) for every family but ELECTRA. A fill-mask model also loads from our own
+pretraining checkpoints (BertForPreTraining: the NSP / SOP head is dropped with the note
+below), never with a fresh head: a random vocabulary projection predicts nothing.
 
 A checkpoint folder holds config.json, model.safetensors (or pytorch_model.bin, or a sharded
 model.safetensors.index.json) and optionally tokenizer.json / vocab.txt. Parameter names are
 transformers' own, with or without the `bert.` prefix; the MLM decoder weight is tied to the
-word embeddings and not stored, as transformers saves it.
+word embeddings and not stored, as transformers saves it (any weight the model holds under two
+names is written, and read, under its first: `tied_names`).
 
 Which weights must be there: every encoder weight, always. A head module (pooler, MLM
 predictions, NSP, classifier, QA outputs) is either in the file whole or absent whole; absent
@@ -49,10 +53,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from heads.contract import POOLINGS
+from heads.contract import DENSE_POOLINGS
 from training.config import BertConfig, ConfigError
 from training.families import FAMILIES, TASK_OF_ARCHITECTURE, Family
-from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense
+from training.families.base import FILL_MASK
+from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense, no_masked_lm
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
@@ -75,7 +80,6 @@ HEAD_MODULES = (
     "pooler.",  # DeBERTa's ContextPooler (its classifier: this and classifier.*)
     "head.",  # ModernBERT's prediction head (before every task's linear layer)
 )
-TIED = "cls.predictions.decoder.weight"  # is bert.embeddings.word_embeddings.weight
 
 
 class CheckpointError(ValueError):
@@ -127,7 +131,7 @@ class SentenceTransformersFolder:
     """What a sentence-transformers folder computes after its Transformer module (modules.json)
     and the prompts it is asked with (config_sentence_transformers.json)."""
 
-    pooling: str  # one of POOLINGS
+    pooling: str  # one of DENSE_POOLINGS
     include_prompt: bool  # False: prompt tokens are left out of the pooling
     dense: list[dict[str, Any]]  # per Dense module, in order: path, Dense's arguments
     normalize: bool
@@ -144,6 +148,11 @@ def read_sentence_transformers(path: str | Path) -> SentenceTransformersFolder |
         return None
     modules = json.loads(modules_path.read_text())
     kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    if kinds == list(SPARSE_MODULES):
+        raise CheckpointError(
+            f"{modules_path}: a SparseEncoder (MLMTransformer -> SpladePooling): export it as "
+            "--task embedding --pooling splade"
+        )
     for module, kind in zip(modules, kinds, strict=True):
         if not module["type"].startswith("sentence_transformers.") or kind not in ST_MODULES:
             raise CheckpointError(
@@ -162,6 +171,34 @@ def read_sentence_transformers(path: str | Path) -> SentenceTransformersFolder |
     )
 
 
+# A sentence-transformers SparseEncoder folder (SPLADE): the masked LM, then SpladePooling,
+# which the sparse pooling "splade" computes with its default settings.
+SPARSE_MODULES = ("MLMTransformer", "SpladePooling")
+SPLADE_SETTINGS = {"pooling_strategy": "max", "activation_function": "relu"}
+
+
+def read_sparse_encoder(path: str | Path) -> tuple[dict[str, str], str | None] | None:
+    """The prompts (name -> text) and default prompt name of a SparseEncoder folder, checked
+    to compute what pooling "splade" does (SpladePooling max over relu, then log1p); None when
+    the folder is not one (no modules.json, or other modules). Other SpladePooling settings
+    are a CheckpointError naming them."""
+    directory = Path(path)
+    modules_path = directory / "modules.json"
+    if not modules_path.is_file():
+        return None
+    modules = json.loads(modules_path.read_text())
+    if [m["type"].rsplit(".", 1)[-1] for m in modules] != list(SPARSE_MODULES):
+        return None
+    config_path = directory / modules[1]["path"] / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    settings = {k: config.get(k, v) for k, v in SPLADE_SETTINGS.items()}
+    if settings != SPLADE_SETTINGS:
+        raise CheckpointError(
+            f"{config_path}: SpladePooling {settings} is not supported (only {SPLADE_SETTINGS})"
+        )
+    return _read_st_prompts(directory / ST_CONFIG)
+
+
 def read_pooling(path: str | Path) -> tuple[str, bool] | None:
     """(pooling, normalize) of a sentence-transformers folder; None without modules.json."""
     st = read_sentence_transformers(path)
@@ -176,10 +213,10 @@ def _read_st_pooling(config_path: Path) -> tuple[str, bool]:
         or ["mean"]
     )
     modes = [mode] if isinstance(mode, str) else list(mode)
-    if len(modes) != 1 or modes[0] not in POOLINGS:
+    if len(modes) != 1 or modes[0] not in DENSE_POOLINGS:
         raise CheckpointError(
             f"{config_path}: pooling {' + '.join(modes)} is not supported (one of "
-            f"{', '.join(POOLINGS)})"
+            f"{', '.join(DENSE_POOLINGS)})"
         )
     return modes[0], bool(config.get("include_prompt", True))
 
@@ -319,15 +356,50 @@ def sha256(path: str | Path) -> str:
 # --- matching names ---------------------------------------------------------------------
 
 
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """State-dict name -> the earlier name of the same parameter, for every parameter the model
+    holds under two names: a masked-LM decoder's weight is the word embeddings, and several
+    heads name their output bias twice (`lm_head.bias` is `lm_head.decoder.bias`). The first
+    name is the one transformers keeps in its files, so that is the one written and read."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            aliases[name] = first[id(tensor)]
+        else:
+            first[id(tensor)] = name
+    return aliases
+
+
+def _fold_aliases(
+    state: dict[str, Tensor], aliases: dict[str, str], path: Path, layout: Family
+) -> dict[str, Tensor]:
+    """A file's tensors under the first of the model's names for each (see tied_names): a
+    file that stores only an alias (a decoder bias) fills its first name; one that stores
+    both (the original bert-base-uncased's decoder weight) must hold the same values, or its
+    head is untied (tie_word_embeddings false), which these heads do not implement."""
+    out = {k: v for k, v in state.items() if k not in aliases}
+    for alias, name in aliases.items():
+        if alias not in state:
+            continue
+        if name in out and not torch.equal(out[name], state[alias]):
+            raise CheckpointError(
+                f"{path}: {layout.to_hf(alias)} differs from {layout.to_hf(name)}, which the "
+                "model ties it to (tie_word_embeddings false?): untied heads are not supported"
+            )
+        out.setdefault(name, state[alias])
+    return out
+
+
 def _our_names(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """After the family's layout (which adds `bert.` to a bare encoder's names): rename TF-era
-    LayerNorm gamma/beta, drop position_ids buffers and the tied decoder (weight = embeddings,
-    bias = cls.predictions.bias)."""
+    LayerNorm gamma/beta, drop position_ids buffers, and read BERT's decoder bias as
+    cls.predictions.bias (a stored tied decoder weight is _fold_aliases' to check)."""
     out: dict[str, Tensor] = {}
     for name, tensor in state.items():
         if ".LayerNorm." in name and name.endswith((".gamma", ".beta")):
             name = name.rsplit(".", 1)[0] + (".weight" if name.endswith("gamma") else ".bias")
-        if name.endswith(("embeddings.position_ids", "embeddings.token_type_ids")) or name == TIED:
+        if name.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
             continue
         if name == "cls.predictions.decoder.bias":
             out.setdefault("cls.predictions.bias", tensor)
@@ -347,7 +419,9 @@ def _match(
     """Check `state` (our names) against the model; return what to load. Raises on anything
     unexplained, naming weights as the file's family does (layout.to_hf); `foreign` are file
     names that are not the family's at all, unexpected whatever the head."""
-    expected = {k: v for k, v in model.state_dict().items() if k != TIED}
+    aliases = tied_names(model)
+    state = _fold_aliases(state, aliases, path, layout)
+    expected = {k: v for k, v in model.state_dict().items() if k not in aliases}
     unexpected = [k for k in state if k not in expected]
     dropped_cls = [k for k in unexpected if k.startswith("cls.")]
     # The pooler goes silently when the head has none (token classification, QA, embedding).
@@ -356,7 +430,8 @@ def _match(
 
     missing = [k for k in expected if k not in state]
     fresh = []
-    for prefix in HEAD_MODULES:
+    # fill-mask is its head: one drawn at random would fill masks with noise, so it is missing
+    for prefix in HEAD_MODULES if task != FILL_MASK else ():
         module = [k for k in expected if k.startswith(prefix)]
         if module and all(k in missing for k in module):
             fresh += module
@@ -400,11 +475,13 @@ def load_model(
     """A head from a checkpoint folder, in eval mode.
 
     task: one of HEADS (pretraining, classification, token-classification, question-answering,
-    embedding); None reads it from config.json's architectures (BertModel or a
-    sentence-transformers folder -> embedding). labels / problem_type override config.json's
-    id2label / problem_type; head_args go to the head (num_labels; pooling, normalize, whose
-    defaults come from the sentence-transformers modules when present). expected_sha256 is
-    checked against model.safetensors before anything is read."""
+    embedding, fill-mask); None reads it from config.json's architectures (BertModel or a
+    sentence-transformers folder -> embedding; RobertaForMaskedLM... -> fill-mask, but
+    BertForMaskedLM / AlbertForMaskedLM -> pretraining, as bert-base-uncased's file holds
+    NSP). labels / problem_type override config.json's id2label / problem_type; head_args go
+    to the head (num_labels; pooling, normalize, whose defaults come from the
+    sentence-transformers modules when present). expected_sha256 is checked against
+    model.safetensors before anything is read."""
     directory = _model_dir(path)
     config, raw = _read_config(directory)
     file = weights_file(directory)
@@ -446,6 +523,8 @@ def load_model(
             "only); pass task= classification, token-classification, question-answering or "
             "embedding"
         )
+    if task == FILL_MASK and not config.family.fill_mask:
+        raise CheckpointError(f"{directory}: {no_masked_lm(config.model_type)}")
     model = HEADS[task](config, **head_args)
     layout = config.family
     state = load_state_dict_file(directory)
@@ -514,7 +593,7 @@ def _write_sentence_transformers(
     # The per-mode booleans that every sentence-transformers version reads.
     pooling = {
         "word_embedding_dimension": model.config.hidden_size,
-        **{LEGACY_POOLING_KEYS[mode]: model.pooling == mode for mode in POOLINGS},
+        **{LEGACY_POOLING_KEYS[mode]: model.pooling == mode for mode in DENSE_POOLINGS},
     }
     (directory / "1_Pooling").mkdir(exist_ok=True)
     (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
@@ -573,12 +652,14 @@ def save_model(
         )
 
     # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
-    # transformers re-ties it on load, so (like transformers) it is not written.
+    # transformers re-ties it on load, so (like transformers) it is not written; nor is any
+    # other second name of one parameter (tied_names).
     # Dense modules (embedding) are sentence-transformers modules with folders of their own.
+    aliases = tied_names(model)
     state = {
         k: v.detach().cpu().contiguous()
         for k, v in model.state_dict().items()
-        if k != TIED and not (task == "embedding" and k.startswith("dense."))
+        if k not in aliases and not (task == "embedding" and k.startswith("dense."))
     }
     layout = config.family
     state = {layout.to_hf(k): v for k, v in state.items()}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heads.contract import HF_PROBLEM_TYPES, POOLINGS
+from heads.contract import DENSE_POOLINGS, HF_PROBLEM_TYPES
 from training.families import FAMILIES, ConfigError, Family, albert, family_of
 from training.families.base import OPTIONS
 
@@ -134,9 +134,10 @@ class BertConfig:
             raise ConfigError(f"problem_type {self.problem_type!r} is not one of {PROBLEM_TYPES}")
         if self.features not in FEATURES:
             raise ConfigError(f"features {self.features!r} is not one of {', '.join(FEATURES)}")
-        if self.classifier_pooling not in POOLINGS:
+        if self.classifier_pooling not in DENSE_POOLINGS:
             raise ConfigError(
-                f"classifier_pooling {self.classifier_pooling!r} is not one of {', '.join(POOLINGS)}"
+                f"classifier_pooling {self.classifier_pooling!r} is not one of "
+                f"{', '.join(DENSE_POOLINGS)}"
             )
         if min(self.feature_layers) < 0:
             raise ConfigError(

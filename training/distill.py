@@ -46,8 +46,9 @@ from training.evaluate import make_evaluator, torch_runner
 from training.model import HEADS
 from training.tokenizer import load_tokenizer
 
-# The heads whose logits a student can learn from (an embedding package has none).
-DISTILLED_TASKS = tuple(t for t in TASKS if t != "embedding")
+# The heads whose logits a student can learn from (an embedding package has none) on a
+# fine-tuning data set (a fill-mask model has none).
+DISTILLED_TASKS = tuple(t for t in TASKS if t not in ("embedding", "fill-mask"))
 
 
 # --- the student ----------------------------------------------------------------------------

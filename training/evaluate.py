@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from heads.contract import OUTPUT_NAMES as TASK_OUTPUTS
-from heads.contract import TASKS
+from heads.contract import TASKS as PACKAGE_TASKS
 from heads.rows import Outputs, Sequence, encode_texts
 from heads.rows import pad as pad_sequences
 from heads.tasks import qa
@@ -49,6 +49,9 @@ from training.trainer import DTYPES, autocast
 # outputs by name: logits (B, C) or (B, T, C), start_logits / end_logits (B, T), embeddings (B, H).
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 OUTPUT_NAMES = tuple(dict.fromkeys(n for names in TASK_OUTPUTS.values() for n in names))
+# The heads evaluated (and fine-tuned: training.finetune offers these) on a labelled data set;
+# fill-mask has none here (pretraining's MLM loss is its measure).
+TASKS = tuple(t for t in PACKAGE_TASKS if t != "fill-mask")
 
 
 def torch_runner(model: nn.Module, precision: str = "fp32") -> Runner:

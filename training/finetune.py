@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from heads.contract import POOLED_TASKS, POOLINGS
+from heads.contract import DENSE_POOLINGS, POOLED_TASKS
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.cli import as_args, option, parse
 from training.config import (
@@ -88,7 +88,9 @@ class FinetuneArgs:
     group_by_length: bool = option(False, "batch rows of similar length (2-5x faster on CPU)")
     precision: str = option("fp32", "autocast: bf16 (GPU, bf16 CPUs) or fp16 (GPU)", choices=tuple(DTYPES))  # fmt: skip
     pooling: str | None = option(
-        None, "embedding, classification: how token states become one vector", choices=POOLINGS
+        None,
+        "embedding, classification: how token states become one vector",
+        choices=DENSE_POOLINGS,
     )
     freeze_encoder: bool = option(False, "train the head alone (feature-based, Devlin et al. §5.3)")
     features: str | None = option(None, "token-classification: hidden states the head reads", choices=tuple(FEATURES))  # fmt: skip

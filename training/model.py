@@ -11,7 +11,8 @@ RoBERTa (XLM-R, CamemBERT), ELECTRA and DistilBERT are this encoder too, with op
 family sets (training/families/): RoBERTa's position ids, ELECTRA's E -> H projection
 (ALBERT's module), DistilBERT's missing token types and sinusoidal positions. Their heads are
 transformers' own per family (classification differs, `Family.classifier`; token and QA heads
-do not), and each family module maps its parameter names.
+do not; the masked-LM head of fill-mask does, `Family.masked_lm`), and each family module maps
+its parameter names.
 
     >>> from training.config import BertConfig
     >>> from training.model import BertForSequenceClassification
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from heads.contract import POOLINGS
+from heads.contract import DENSE_POOLINGS, SPARSE_POOLINGS
 from training.blocks import BertIntermediate, BertOutput, BertSelfOutput, activation
 from training.config import FEATURES, BertConfig
 from training.families import FAMILIES
@@ -249,11 +250,24 @@ def _pretrainable() -> str:
     return " and ".join(t for t, f in FAMILIES.items() if f.pretraining)
 
 
+def no_masked_lm(model_type: str) -> str:
+    """The one line that refuses a masked-LM head to a family without one (ELECTRA: its
+    discriminator scores replaced tokens; ElectraForMaskedLM is a separate generator model)."""
+    with_head = ", ".join(t for t, f in FAMILIES.items() if f.fill_mask)
+    return (
+        f"{model_type} has no masked-LM head here; fill-mask and splade pooling are "
+        f"implemented for {with_head}"
+    )
+
+
 def init_weights(module: nn.Module, std: float) -> None:
     """BERT's initialisation: truncated-normal-like N(0, 0.02) weights, zero biases, unit LN."""
+    # A decoder tied to the word embeddings is drawn once, as the embedding (padding row zero).
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
+            if id(m.weight) not in tables:
+                nn.init.normal_(m.weight, std=std)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
@@ -401,6 +415,85 @@ class BertForPreTraining(BertPreTrainedHead):
         parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(parts) if parts else None
         return PreTrainingOutput(loss, logits, seq_logits, mlm_loss, nsp_loss)  # type: ignore[arg-type]
+
+
+# --- masked LM --------------------------------------------------------------------------
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: Tensor | None
+    logits: Tensor  # (B, T, V)
+
+
+class BertOnlyMLMHead(nn.Module):
+    """BERT's masked-LM head under transformers' names (`cls.predictions`): transform (H -> E,
+    activation, LayerNorm), the decoder (E -> V) tied to the word embeddings, bias. ALBERT's is
+    the same module, which its family renames."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.predictions.decoder.weight = word_embeddings.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, H) -> (B, T, V)."""
+        return self.predictions(x)
+
+
+def word_embeddings(encoder: nn.Module) -> nn.Embedding:
+    """The encoder's (V, E) token table, which a masked-LM decoder shares: `word_embeddings`,
+    or ModernBERT's `tok_embeddings`."""
+    embeddings = encoder.embeddings
+    table = getattr(embeddings, "word_embeddings", None) or embeddings.tok_embeddings
+    assert isinstance(table, nn.Embedding)
+    return table
+
+
+class BertForMaskedLM(BertPreTrainedHead):
+    """The masked-LM head alone (transformers' *ForMaskedLM, task "fill-mask"): every token's
+    scores over the vocabulary. BERT's `cls.predictions`, or the family's own module
+    (Family.masked_lm), as `cls`; after the family's `head` where it has one (ModernBERT's
+    head -> decoder). The decoder shares the word embeddings. ELECTRA has none (ValueError).
+    Loss: cross-entropy at the labelled positions."""
+
+    def __init__(self, config: BertConfig) -> None:
+        if not config.family.fill_mask:
+            raise ValueError(no_masked_lm(config.model_type))
+        super().__init__(config, add_pooling_layer=False)
+        self.head = _family_head(config, config.hidden_size)
+        build = config.family.masked_lm or BertOnlyMLMHead
+        self.cls = build(config, word_embeddings(self.bert))
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> MaskedLMOutput:
+        """labels (B, T): the original token at masked positions, -100 elsewhere."""
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        if self.head is not None:
+            hidden = self.head(hidden)
+        logits = self.cls(hidden)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return MaskedLMOutput(loss, logits)
+
+
+def splade(logits: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(B, T, V) masked-LM logits -> (B, V) sparse embeddings: the maximum over the real tokens
+    of log(1 + relu(logits)) (SPLADE v2, Formal et al. 2021; sentence-transformers'
+    SpladePooling "max", TEI's /embed_sparse). Every term is >= 0, so padding is zeroed
+    rather than excluded: the maximum is the same, and a row with no positive logit for a word
+    gets exactly 0 there."""
+    weights = torch.log1p(torch.relu(logits))
+    if attention_mask is not None:
+        weights = weights * attention_mask.unsqueeze(-1).to(weights.dtype)
+    return weights.max(dim=1).values
 
 
 @dataclass
@@ -644,7 +737,12 @@ def pool(hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
         return total / length
     if pooling == "mean_sqrt_len_tokens":
         return total / length.sqrt()
-    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+    if pooling in SPARSE_POOLINGS:
+        raise ValueError(
+            f"pooling {pooling!r} reads masked-LM logits, not hidden states: export a "
+            f"*ForMaskedLM checkpoint with --task embedding --pooling {pooling}"
+        )
+    raise ValueError(f"pooling must be one of {', '.join(DENSE_POOLINGS)}, not {pooling!r}")
 
 
 # The activations a sentence-transformers Dense module may name (its activation_function: the
@@ -734,4 +832,5 @@ HEADS: dict[str, type[BertPreTrainedHead]] = {
     "token-classification": BertForTokenClassification,
     "question-answering": BertForQuestionAnswering,
     "embedding": BertForEmbedding,
+    "fill-mask": BertForMaskedLM,
 }

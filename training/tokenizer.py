@@ -36,6 +36,9 @@ from tokenizers.processors import RobertaProcessing, TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# The mask token's usual names: BERT, ALBERT, DistilBERT, DeBERTa, ModernBERT / RoBERTa, XLM-R,
+# CamemBERT, MPNet.
+MASK_TOKENS = ("[MASK]", "<mask>")
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 MAX_INPUT_CHARS_PER_WORD = 100  # longer words become [UNK], as in Google's tokenization.py
 
@@ -184,6 +187,27 @@ def _special_tokens(folder: Path) -> dict[str, str]:
                 if key.endswith("_token") and value is not None:
                     found[key] = value["content"] if isinstance(value, dict) else value
     return found
+
+
+def mask_token(tok: Tokenizer, folder: str | Path | None = None) -> str | None:
+    """The token a masked LM fills in: the one the folder's tokenizer_config.json /
+    special_tokens_map.json name `mask_token` when the vocabulary has it, else a special token
+    named [MASK] or <mask>; None when there is none."""
+    declared = _special_tokens(Path(folder)).get("mask_token") if folder else None
+    if declared and tok.token_to_id(declared) is not None:
+        return declared
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    return next((t for t in MASK_TOKENS if t in special), None)
+
+
+def clean_up_tokenization_spaces(folder: str | Path | None) -> bool:
+    """tokenizer_config.json's clean_up_tokenization_spaces: whether transformers' decode
+    removes the space before punctuation and contractions (" ." -> "."). transformers'
+    default, false, when the folder does not say."""
+    path = Path(folder) / "tokenizer_config.json" if folder else None
+    if path is None or not path.is_file():
+        return False
+    return bool(json.loads(path.read_text()).get("clean_up_tokenization_spaces", False))
 
 
 def _from_bpe_files(folder: Path) -> Tokenizer:

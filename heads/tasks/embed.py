@@ -191,6 +191,10 @@ def features(
     check_layers(layers, n_states)  # before any compute
     if combine not in COMBINE:
         raise InvalidInput(f"combine must be one of {COMBINE}, not {combine!r}")
+    if pooling not in LAYER_OUTPUTS:  # e.g. "splade": the package's own output, if anything
+        raise InvalidInput(
+            f"pooling {pooling!r}: the hidden states are pooled {' or '.join(LAYER_OUTPUTS)}"
+        )
     return Features(LAYER_OUTPUTS[pooling], layers, combine)
 
 

@@ -116,13 +116,14 @@ def test_fp16_keeps_fp32_inputs_and_outputs(exported) -> None:
 
 
 def test_fp32_graph_is_fused(exported) -> None:
-    _, pkg, _ = exported
+    task, pkg, _ = exported
     ops = pkg.source["fusion"]["ops"]
     assert pkg.source["export"]["graph"] == "fused"
     assert ops["Attention"] == LAYERS
     assert ops["SkipLayerNormalization"] == 2 * LAYERS
     assert ops["EmbedLayerNormalization"] == 1
-    assert ops["BiasGelu"] == LAYERS
+    # one per layer's feed-forward block; the masked-LM head's transform has one more
+    assert ops["BiasGelu"] == LAYERS + (task == "fill-mask")
     in_file = {n.op_type for n in onnx.load(str(pkg.variant_path("fp32"))).graph.node}
     assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization"} <= in_file
 
@@ -164,6 +165,9 @@ def test_manifest_describes_the_head(exported) -> None:
         assert shapes == {"logits": ["batch", "sequence", len(pkg.labels)]}
     elif task == "question-answering":
         assert shapes == {n: ["batch", "sequence"] for n in ("start_logits", "end_logits")}
+    elif task == "fill-mask":
+        assert (pkg.mask_token, pkg.clean_up_tokenization_spaces) == ("[MASK]", False)
+        assert shapes == {"logits": ["batch", "sequence", model.config.vocab_size]}
     else:
         assert (pkg.pooling, pkg.normalize) == ("mean", True)
         assert shapes == {"embeddings": ["batch", model.config.hidden_size]}

@@ -307,8 +307,10 @@ def test_mean_pooled_classifier_feeds_the_family_head(tmp_path, case):
 def test_a_family_mlm_checkpoint_fine_tunes_but_does_not_pretrain(tmp_path, caplog):
     torch.manual_seed(0)
     transformers.RobertaForMaskedLM(their_config("roberta")).save_pretrained(tmp_path)
+    # config.json says RobertaForMaskedLM: its own head (tests/training/test_masked_lm.py)
+    assert type(load_model(tmp_path)) is HEADS["fill-mask"]
     with pytest.raises(CheckpointError, match="roberta has no pretraining head here") as e:
-        load_model(tmp_path)  # config.json says RobertaForMaskedLM
+        load_model(tmp_path, task="pretraining")
     assert "\n" not in str(e.value)
     with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         model = load_model(tmp_path, task="classification", labels=["neg", "pos"])

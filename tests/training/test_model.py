@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from training.model import (
     HEADS,
     BertForEmbedding,
+    BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -39,7 +40,9 @@ def test_every_head_has_its_output_shape(tiny_config, batch):
         "token-classification",
         "question-answering",
         "embedding",
+        "fill-mask",
     }
+    assert BertForMaskedLM(tiny_config)(**batch).logits.shape == (B, T, V)
 
 
 def test_pretraining_scores_only_the_chosen_positions(tiny_config, batch):

@@ -14,6 +14,9 @@ layout both ways, classifier head, pretraining support), listed here and checked
     mpnet       training/families/mpnet.py         its own encoder: shared relative position
                                                    bias; RoBERTa's positions and classifier
 
+Every family but ELECTRA has a masked-LM head (task "fill-mask", its *ForMaskedLM class):
+BERT's `cls.predictions` unless the family's module supplies its own (`Family.masked_lm`).
+
 A new family is one new module declaring a `Family` (training/families/base.py) and one line
 in FAMILY_MODULES.
 """
@@ -44,7 +47,9 @@ for _family in FAMILIES.values():
 
 MODEL_TYPES = tuple(FAMILIES)
 
-# config.json's architectures -> our task, for every family.
+# config.json's architectures -> our task, for every family. BertForMaskedLM and
+# AlbertForMaskedLM read as "pretraining" (also_pretraining), the other *ForMaskedLM as
+# "fill-mask".
 TASK_OF_ARCHITECTURE = {
     architecture: task
     for family in FAMILIES.values()

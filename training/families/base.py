@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The tasks whose heads every family has (config.json architectures name them), and the one
-# that only some have (BERT's NSP and ALBERT's SOP head).
+# The tasks whose heads every family has (config.json architectures name them), and the ones
+# that only some have: BERT's NSP and ALBERT's SOP head; the masked-LM head (every family but
+# ELECTRA, whose discriminator predicts replaced tokens, not masked ones).
 HEAD_TASKS = ("classification", "token-classification", "question-answering", "embedding")
 PRETRAINING = "pretraining"
+FILL_MASK = "fill-mask"
 
 # What a sequence classifier puts between the encoder and the labels (training.model builds it):
 # "pooler": BERT's tanh pooler on the first token, then a linear layer; "pre_classifier":
@@ -87,7 +89,9 @@ def same(name: str) -> str:
     return name
 
 
-def architectures(class_prefix: str, pretraining: bool = False) -> dict[str, str]:
+def architectures(
+    class_prefix: str, pretraining: bool = False, masked_lm: bool = True
+) -> dict[str, str]:
     """task -> the transformers class a checkpoint of the family is saved as."""
     names = {
         "classification": f"{class_prefix}ForSequenceClassification",
@@ -95,11 +99,22 @@ def architectures(class_prefix: str, pretraining: bool = False) -> dict[str, str
         "question-answering": f"{class_prefix}ForQuestionAnswering",
         "embedding": f"{class_prefix}Model",
     }
+    if masked_lm:
+        names[FILL_MASK] = f"{class_prefix}ForMaskedLM"
     return ({PRETRAINING: f"{class_prefix}ForPreTraining"} if pretraining else {}) | names
 
 
 def _no_fields(d: dict[str, Any]) -> dict[str, Any]:
     return d
+
+
+# Our names of BERT's masked-LM head (`cls.predictions`: transform, tied decoder, bias), which
+# BERT and ALBERT use and whose renames check_family tries.
+BERT_MASKED_LM_NAMES = (
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.LayerNorm.bias",
+    "cls.predictions.bias",
+)
 
 
 @dataclass(frozen=True)
@@ -111,8 +126,9 @@ class Family:
     to_hf: Callable[[str], str]  # our parameter name -> the family's
     from_hf: Callable[[str], str]  # the family's (prefixed or bare) -> ours; unknown unchanged
     classifier: str  # one of CLASSIFIERS
-    # Another class of the family that config.json may name, read as task "pretraining"
-    # (bert-base-uncased says BertForMaskedLM, yet its file has the NSP head too).
+    # Another class of the family that config.json may name, read as task "pretraining" rather
+    # than as its own task (bert-base-uncased says BertForMaskedLM, yet its file has the NSP
+    # head too).
     also_pretraining: str | None = None
     # config.json fields transformers' config class defaults when the file leaves them out.
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -141,11 +157,23 @@ class Family:
     encoder: Callable[[Any], Any] | None = None
     pooler: Callable[[Any], Any] | None = None
     head: Callable[[Any], Any] | None = None
+    # The masked-LM head (task "fill-mask"), where it is not BERT's: a module built from
+    # (config, the encoder's word-embedding nn.Embedding, which its decoder shares), held as
+    # `cls` after the family's `head` if it has one (ModernBERT's head -> decoder), its
+    # parameters named as transformers' under the family's renames; and some of our names of
+    # its weights, which the renames must bring back (check_family).
+    masked_lm: Callable[[Any, Any], Any] | None = None
+    masked_lm_names: tuple[str, ...] = BERT_MASKED_LM_NAMES
 
     @property
     def pretraining(self) -> bool:
         """The NSP / SOP pretraining head is implemented for this family."""
         return PRETRAINING in self.architectures
+
+    @property
+    def fill_mask(self) -> bool:
+        """The family has a masked-LM head (config.json's *ForMaskedLM loads as fill-mask)."""
+        return FILL_MASK in self.architectures
 
 
 # Parameter names of every head, in our layout: a family's renames must bring each back.
@@ -184,11 +212,14 @@ def check_family(family: Family) -> None:
                 f"{where}: classifier {family.classifier!r} with pooler/head set "
                 "for the other kind: a 'context_pooler' needs `pooler`, a 'head' `head`"
             )
+    if family.masked_lm is not None and not family.fill_mask:
+        raise ValueError(f"{where}: a masked_lm module but no {FILL_MASK} architecture")
     if unknown := set(family.options) - set(OPTIONS):
         raise ValueError(f"{where}: unknown options {sorted(unknown)}")
     if not family.prefix.endswith("."):
         raise ValueError(f"{where}: prefix {family.prefix!r} must end with '.'")
     names = _OUR_NAMES + (_PRETRAINING_NAMES if family.pretraining else ())
+    names += family.masked_lm_names if family.fill_mask else ()
     for name in names:
         theirs = family.to_hf(name)
         if family.from_hf(theirs) != name:

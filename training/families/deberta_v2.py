@@ -467,19 +467,19 @@ FAMILY = Family(
     name="DeBERTa-v2",
     prefix="deberta.",
     architectures=architectures("DebertaV2"),
-    to_hf=rename_by_prefix((("bert.", "deberta."),)),
+    to_hf=rename_by_prefix((("bert.", "deberta."), ("cls.lm_head.", "lm_predictions.lm_head."))),
     from_hf=rename_by_prefix(
         (
             ("deberta.", "bert."),
             ("embeddings.", "bert.embeddings."),  # a bare DebertaV2Model
             ("encoder.", "bert.encoder."),
-            # DebertaV2ForMaskedLM's heads (legacy `cls.predictions.*`, or `lm_predictions.*`):
-            # not used by our heads, dropped with checkpoint.py's note
-            ("lm_predictions.", "cls.lm_predictions."),
+            # DebertaV2ForMaskedLM's head, our `cls` (DebertaV2MaskedLMHead): legacy
+            # `cls.predictions.*` keeps its names, the other layout's `lm_predictions.lm_head.*`
+            # is `cls.lm_head.*`; the other heads drop both with checkpoint.py's note
+            ("lm_predictions.", "cls."),
         )
     ),
     classifier="context_pooler",
-    also_pretraining="DebertaV2ForMaskedLM",
     # DebertaV2Config's defaults where they differ from BertConfig's
     defaults={"pad_token_id": 0, "type_vocab_size": 0, "layer_norm_eps": 1e-7},
     read_fields=_read_fields,
@@ -503,7 +503,18 @@ FAMILY = Family(
         "pooler_hidden_act": "gelu",
         "conv_kernel_size": 0,
         "legacy": True,
+        # kept as the file says (None: unsaid): transformers 4.57's non-legacy masked-LM head
+        # breaks when tied (tying swaps its `dense` for the word embeddings), so such
+        # checkpoints say false; that head reads the word embeddings either way
+        "tie_word_embeddings": None,
     },
     encoder=DebertaV2Encoder,
     pooler=DebertaV2ContextPooler,
+    masked_lm=DebertaV2MaskedLMHead,
+    masked_lm_names=(
+        "cls.predictions.transform.dense.weight",  # legacy (config.legacy, the default)
+        "cls.predictions.bias",
+        "cls.lm_head.dense.weight",
+        "cls.lm_head.bias",
+    ),
 )

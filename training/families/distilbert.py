@@ -4,12 +4,16 @@ classifier. Its config.json and parameters use names of their own:
 
     distilbert.transformer.layer.{i}.attention.q_lin.*  <-> bert.encoder.layer.{i}.attention.self.query.*
     distilbert.embeddings.*                             <-> bert.embeddings.*
+    vocab_transform.* / vocab_layer_norm.* / vocab_projector.*  <-> cls.vocab_...  (masked LM)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor, nn
+
+from training.blocks import activation
 from training.families.base import (
     ConfigError,
     Family,
@@ -44,8 +48,9 @@ IN_LAYER = {
     "output.LayerNorm": "output_layer_norm",
 }
 _to_layer, _from_layer = layer_renames("distilbert.transformer.layer.{i}.", IN_LAYER)
-_to_rest = rename_by_prefix((("bert.", "distilbert."),))
-# DistilBertForMaskedLM's vocab_transform, vocab_layer_norm, vocab_projector come in under cls.
+_to_rest = rename_by_prefix((("bert.", "distilbert."), ("cls.vocab_", "vocab_")))
+# DistilBertForMaskedLM's vocab_transform, vocab_layer_norm, vocab_projector: our `cls` module
+# (fill-mask), dropped with checkpoint.py's note by the other heads.
 _from_rest = rename_by_prefix((("distilbert.", "bert."), ("vocab_", "cls.vocab_")))
 
 
@@ -57,6 +62,25 @@ def _from_hf(name: str) -> str:
     if name.startswith(("embeddings.", "transformer.")):  # a bare DistilBertModel
         name = "distilbert." + name
     return _from_layer(name) or _from_rest(name)
+
+
+class DistilBertMaskedLMHead(nn.Module):
+    """DistilBertForMaskedLM's head: vocab_transform (H -> H), the config's activation,
+    vocab_layer_norm, then vocab_projector (H -> V, its own bias) whose weight is the word
+    embedding matrix (tied: the same Parameter)."""
+
+    def __init__(self, config: Any, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        H = config.hidden_size
+        self.vocab_transform = nn.Linear(H, H)
+        self.act = activation(config.hidden_act)
+        self.vocab_layer_norm = nn.LayerNorm(H, eps=LAYER_NORM_EPS)
+        self.vocab_projector = nn.Linear(H, config.vocab_size)
+        self.vocab_projector.weight = word_embeddings.weight
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """hidden (B, T, H) -> logits (B, T, V)."""
+        return self.vocab_projector(self.vocab_layer_norm(self.act(self.vocab_transform(hidden))))
 
 
 def _read_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -85,11 +109,16 @@ FAMILY = Family(
     to_hf=_to_hf,
     from_hf=_from_hf,
     classifier="pre_classifier",
-    also_pretraining="DistilBertForMaskedLM",
     read_fields=_read_fields,
     write_fields=_write_fields,
     check=_check,
     options=frozenset({"sinusoidal_pos_embds"}),
     has_pooler=False,
     token_types="never",
+    masked_lm=DistilBertMaskedLMHead,
+    masked_lm_names=(
+        "cls.vocab_transform.weight",
+        "cls.vocab_layer_norm.bias",
+        "cls.vocab_projector.bias",
+    ),
 )

@@ -1,7 +1,8 @@
 """ELECTRA (Clark et al. 2020), the discriminator: BERT's encoder with ALBERT's E -> H
 projection when embedding_size differs from hidden_size (`embeddings_project`, no sharing), no
 pooler, and a dense -> GELU -> out_proj classifier (GELU whatever hidden_act says, as in
-transformers).
+transformers). No masked-LM head: the discriminator predicts which tokens were replaced, and
+ElectraForMaskedLM is the generator, a different (smaller) model; fill-mask refuses ELECTRA.
 
     electra.embeddings_project.* <-> bert.encoder.embedding_hidden_mapping_in.*
     electra.*                    <-> bert.*
@@ -28,7 +29,7 @@ FAMILY = Family(
     model_type="electra",
     name="ELECTRA",
     prefix="electra.",
-    architectures=architectures("Electra"),
+    architectures=architectures("Electra", masked_lm=False),
     to_hf=rename_by_prefix(
         (
             ("bert.encoder.embedding_hidden_mapping_in.", "electra.embeddings_project."),

@@ -280,6 +280,15 @@ class ModernBertPredictionHead(nn.Module):
         return self.norm(self.act(self.dense(hidden)))
 
 
+def _tied_decoder(config: Any, tok_embeddings: nn.Embedding) -> nn.Linear:
+    """H -> V, bias if decoder_bias, whose weight is the token embedding matrix (tied: the
+    same Parameter)."""
+    bias = getattr(config, "decoder_bias", True)
+    decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=bias)
+    decoder.weight = tok_embeddings.weight
+    return decoder
+
+
 class ModernBertMaskedLMHead(nn.Module):
     """transformers' `ModernBertForMaskedLM` minus its `model`: `head` (the prediction head)
     then `decoder` (H -> V, bias if decoder_bias) whose weight is the token embedding matrix
@@ -288,12 +297,24 @@ class ModernBertMaskedLMHead(nn.Module):
     def __init__(self, config: Any, tok_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.head = ModernBertPredictionHead(config)
-        bias = getattr(config, "decoder_bias", True)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=bias)
-        self.decoder.weight = tok_embeddings.weight
+        self.decoder = _tied_decoder(config, tok_embeddings)
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.decoder(self.head(hidden))
+
+
+class ModernBertDecoder(nn.Module):
+    """The masked-LM head's second half, as training.model's fill-mask head holds it: the
+    family's `head` (ModernBertPredictionHead) sits where every task head has it, named `head`
+    as in transformers, and this module, `cls`, holds `decoder` (transformers' top-level
+    `decoder`). (B, T, H) after the head -> logits (B, T, V)."""
+
+    def __init__(self, config: Any, tok_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        self.decoder = _tied_decoder(config, tok_embeddings)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(hidden)
 
 
 # --- the family ---------------------------------------------------------------------------
@@ -358,19 +379,19 @@ FAMILY = Family(
     name="ModernBERT",
     prefix="model.",
     architectures=architectures("ModernBert"),
-    to_hf=rename_by_prefix((("bert.", "model."),)),
+    to_hf=rename_by_prefix((("bert.", "model."), ("cls.decoder.", "decoder."))),
     from_hf=rename_by_prefix(
         (
             ("model.", "bert."),
             *((p, "bert." + p) for p in ("embeddings.", "layers.", "final_norm.")),  # bare
-            # ModernBertForMaskedLM's decoder (its `head` is the task heads' `head` too, as in
-            # transformers): not used by ours, dropped with checkpoint.py's note
+            # ModernBertForMaskedLM's decoder, our `cls` (fill-mask; its `head` is the task
+            # heads' `head` too, as in transformers); the other heads drop it with
+            # checkpoint.py's note
             ("decoder.", "cls.decoder."),
         )
     ),
     classifier="head",
     qa_outputs="classifier",  # ModernBertForQuestionAnswering's span layer
-    also_pretraining="ModernBertForMaskedLM",
     defaults={"pad_token_id": 50283, "max_position_embeddings": 8192},
     read_fields=_read_fields,
     write_fields=_write_fields,
@@ -380,4 +401,6 @@ FAMILY = Family(
     fields=FIELDS,
     encoder=ModernBertEncoder,
     head=ModernBertPredictionHead,
+    masked_lm=ModernBertDecoder,
+    masked_lm_names=("cls.decoder.bias",),
 )

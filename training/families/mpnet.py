@@ -325,16 +325,17 @@ FAMILY = Family(
     name="MPNet",
     prefix="mpnet.",
     architectures=architectures("MPNet"),
-    to_hf=rename_by_prefix((("bert.", "mpnet."),)),
+    to_hf=rename_by_prefix((("bert.", "mpnet."), ("cls.", "lm_head."))),
     from_hf=rename_by_prefix(
         (
             ("mpnet.", "bert."),
             *((p, "bert." + p) for p in ("embeddings.", "encoder.", "pooler.")),  # bare MPNetModel
-            ("lm_head.", "cls.lm_head."),  # MPNetForMaskedLM's head: not used by ours, dropped
+            # MPNetForMaskedLM's head: our `cls` (fill-mask); the other heads drop it with
+            # checkpoint.py's note
+            ("lm_head.", "cls."),
         )
     ),
     classifier="tanh",  # MPNetClassificationHead is RoBERTa's dense -> tanh -> out_proj
-    also_pretraining="MPNetForMaskedLM",
     defaults={"pad_token_id": PADDING_IDX},
     read_fields=lambda d: d | {"type_vocab_size": 0},
     write_fields=lambda d: {k: v for k, v in d.items() if k != "type_vocab_size"},
@@ -344,4 +345,8 @@ FAMILY = Family(
     token_types="never",
     fields={"relative_attention_num_buckets": NUM_BUCKETS},
     encoder=MPNetEncoder,
+    masked_lm=lambda config, word_embeddings: MPNetLMHead(
+        config.hidden_size, config.vocab_size, config.layer_norm_eps, word_embeddings
+    ),
+    masked_lm_names=("cls.dense.weight", "cls.layer_norm.bias", "cls.bias"),
 )

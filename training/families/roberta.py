@@ -4,28 +4,37 @@ own class names (three families, one layout, three tokenizers).
 BERT's encoder with two differences of option: position ids count the real tokens from
 pad_token_id + 1 with padding at pad_token_id (fairseq's make_positions), and one token type.
 Its classifier is dense -> tanh -> out_proj on <s>. Names: `roberta.*` <-> `bert.*`; the
-masked-LM head (`lm_head.*`) is BERT's MLM head by other names and comes in under `cls.`, where
-checkpoint.py drops it with its one-line note.
+masked-LM head (`lm_head.*`: dense, exact GELU whatever hidden_act says, layer_norm, decoder
+tied to the word embeddings, bias) is our `cls.*` (fill-mask); the other heads drop it with
+checkpoint.py's one-line note.
 
     roberta.encoder.layer.0.attention.self.query.weight <-> bert.encoder.layer.0...
-    lm_head.dense.* / lm_head.layer_norm.*              <-> cls.predictions.transform.dense / LayerNorm
+    lm_head.dense.* / lm_head.layer_norm.* / lm_head.bias <-> cls.dense.* / ... / cls.bias
 """
 
 from __future__ import annotations
 
-from training.families.base import Family, architectures, rename_by_prefix
+from typing import Any
 
-_to_hf = rename_by_prefix((("bert.", "roberta."),))
+from training.families.base import Family, architectures, rename_by_prefix
+from training.families.mpnet import MPNetLMHead
+
+_to_hf = rename_by_prefix((("bert.", "roberta."), ("cls.", "lm_head.")))
 _from_hf = rename_by_prefix(
     (
         ("roberta.", "bert."),
         *((p, "bert." + p) for p in ("embeddings.", "encoder.", "pooler.")),  # bare RobertaModel
-        # RobertaLMHead: dense, GELU, LayerNorm, tied decoder: BERT's MLM head by other names.
-        ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
-        ("lm_head.dense.", "cls.predictions.transform.dense."),
-        ("lm_head.", "cls.predictions."),
+        ("lm_head.", "cls."),
     )
 )
+
+
+def masked_lm(config: Any, word_embeddings: Any) -> Any:
+    """transformers' RobertaLMHead, which is MPNet's LM head module for module (MPNet took
+    RoBERTa's): dense, exact GELU, layer_norm, decoder tied to the word embeddings, bias."""
+    return MPNetLMHead(
+        config.hidden_size, config.vocab_size, config.layer_norm_eps, word_embeddings
+    )
 
 
 def _family(model_type: str, name: str, class_prefix: str) -> Family:
@@ -37,11 +46,12 @@ def _family(model_type: str, name: str, class_prefix: str) -> Family:
         to_hf=_to_hf,
         from_hf=_from_hf,
         classifier="tanh",
-        also_pretraining=f"{class_prefix}ForMaskedLM",
         # save_pretrained writes only what differs from PretrainedConfig's defaults, and the
         # family's pad 1 does not appear in every file.
         defaults={"pad_token_id": 1},
         positions_after_pad=True,
+        masked_lm=masked_lm,
+        masked_lm_names=("cls.dense.weight", "cls.layer_norm.bias", "cls.bias"),
     )
 
 
