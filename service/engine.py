@@ -27,13 +27,32 @@ from typing import Any
 import numpy as np
 
 from heads.package import ModelPackage
-from heads.tasks import Job, classify, embed, ner, qa, rerank, tokenize, zero_shot
+from heads.tasks import (
+    Job,
+    classify,
+    embed,
+    fill_mask,
+    ner,
+    qa,
+    rerank,
+    sparse,
+    tokenize,
+    zero_shot,
+)
 from service.errors import PayloadTooLarge
 from service.metrics import Metrics
 from service.registry import LoadedModel, Registry
 from service.settings import Settings
 
 TextInput = str | tuple[str, str]
+
+
+def _dense(package: ModelPackage) -> bool:
+    return not package.sparse
+
+
+def _sparse(package: ModelPackage) -> bool:
+    return package.sparse
 
 
 class Call:
@@ -216,7 +235,54 @@ class Engine:
                 dimensions=dimensions,
             )
 
-        return self.run("embedding", model, items, job, call)
+        return self.run("embedding", model, items, job, call, accept=_dense)
+
+    def embed_sparse(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        truncate: bool = True,
+        return_tokens: bool = False,
+        prompt_name: str | None = None,
+        truncation_direction: str = "right",
+        call: Call | None = None,
+    ) -> Awaitable[list[list[dict[str, Any]]]]:
+        """Per text its non-zero vocabulary weights `{index, value}` (and `token`), by index,
+        from a sparse (SPLADE) embedding package (heads.tasks.sparse)."""
+        items = list(texts)
+
+        def job(package: ModelPackage) -> sparse.Job:
+            return sparse.Job(
+                package,
+                items,
+                truncate=truncate,
+                with_tokens=return_tokens,
+                prompt=embed.prompt(package, prompt_name),
+                truncation_direction=truncation_direction,
+            )
+
+        return self.run("embedding", model, items, job, call, accept=_sparse)
+
+    def fill_mask(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        top_k: int = fill_mask.TOP_K,
+        targets: str | list[str] | None = None,
+        call: Call | None = None,
+    ) -> Awaitable[list[Any]]:
+        """Per text the top_k fillers `{score, token, token_str, sequence}` of its mask token
+        (one list per mask when it has several), as the fill-mask pipeline answers."""
+        items = list(texts)
+        return self.run(
+            "fill-mask",
+            model,
+            items,
+            lambda package: fill_mask.Job(package, items, top_k=top_k, targets=targets),
+            call,
+        )
 
     def rerank(
         self,
@@ -324,6 +390,7 @@ class Engine:
         inputs: list[Any],
         make_job: Callable[[ModelPackage], Job],
         call: Call | None = None,
+        accept: Callable[[ModelPackage], bool] | None = None,
     ) -> Any:
         """The answer of the job `make_job` builds for the chosen model (see the module
         docstring for the steps and their errors)."""
@@ -333,7 +400,7 @@ class Engine:
         registry.check_accepting()
         registry.admission.acquire()
         try:
-            model = registry.select(task, name, call.where)
+            model = registry.select(task, name, call.where, accept)
             call.chose(model, task or model.package.task)
             self.check_sizes(inputs)
             job = call.job = make_job(model.package)

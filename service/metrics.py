@@ -45,7 +45,9 @@ ENDPOINTS_BY_TASK = {
     "token-classification": ("/ner",),
     "question-answering": ("/qa",),
     "embedding": ("/embed", "/v1/embeddings"),
+    "fill-mask": ("/fill-mask",),
 }
+SPARSE_ENDPOINTS = ("/embed_sparse",)  # an embedding package with a sparse pooling
 # Served for every package, whatever its task.
 ANY_TASK_ENDPOINTS = ("/tokenize", "/decode")
 INFERENCE_ENDPOINTS = tuple(e for endpoints in ENDPOINTS_BY_TASK.values() for e in endpoints)

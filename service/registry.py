@@ -16,8 +16,10 @@ while /ready says 503), and /models and /ready's body name the failure.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import SynchronizedArray
 from pathlib import Path
@@ -71,6 +73,22 @@ class Entry:
     task: str | None = None
     error: str | None = None
     model: LoadedModel | None = None
+
+
+# A fill-mask graph answers (B, T, V) float32 logits: a batch of max_batch_tokens 16,384 rows x
+# tokens over a 30,522-word vocabulary would be 2 GB of output. Its batches are held to this many
+# bytes of logits instead (256 MiB: 2,199 tokens over BERT's vocabulary).
+FILL_MASK_OUTPUT_BYTES = 256 << 20
+
+
+def batch_tokens(package: ModelPackage, max_batch_tokens: int) -> int:
+    """The token budget of the package's batches: max_batch_tokens, or less for a graph whose
+    output grows with the vocabulary at every position (fill-mask)."""
+    if package.task != "fill-mask":
+        return max_batch_tokens
+    shape = next(o.get("shape", []) for o in package.outputs if o["name"] == "logits")
+    vocab = shape[-1] if shape and isinstance(shape[-1], int) else 1
+    return max(1, min(max_batch_tokens, FILL_MASK_OUTPUT_BYTES // (4 * vocab)))
 
 
 def sequence_outputs(package: ModelPackage) -> frozenset[str]:
@@ -136,6 +154,10 @@ class Registry:
                     opened.package.task,
                 )
         self.loaded.set()
+        # What loading made (sessions, tokenizers, the app's routes and schemas) lives as long
+        # as the process: out of the collector's generations, a full collection no longer walks
+        # it while requests run.
+        gc.freeze()
         if self.load_flags is not None:
             self.load_flags.mark_loaded()
         ready = sum(e.state == "ready" for e in self.entries)
@@ -178,7 +200,7 @@ class Registry:
             self.metrics.add_model(package.name, package.task),
             tokenizer=opened.tokenizer,
             sequence_outputs=sequence_outputs(package),
-            max_batch_tokens=s.max_batch_tokens,
+            max_batch_tokens=batch_tokens(package, s.max_batch_tokens),
             max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms,
             pad_token_id=template(opened.tokenizer).pad_id,
@@ -227,9 +249,16 @@ class Registry:
                 headers={"Retry-After": "1"},
             )
 
-    def select(self, task: str | None, name: str | None, endpoint: str) -> LoadedModel:
+    def select(
+        self,
+        task: str | None,
+        name: str | None,
+        endpoint: str,
+        accept: Callable[[ModelPackage], bool] | None = None,
+    ) -> LoadedModel:
         """The model for a request: `name` if given, else the only ready model of `task`
-        (None: of any task, for what every package serves: /tokenize, /decode)."""
+        (None: of any task, for what every package serves: /tokenize, /decode) that `accept`
+        takes (/embed and /embed_sparse: dense or sparse embedding packages)."""
         if name is not None:
             entry = next((e for e in self.entries if e.name == name), None)
             if entry is None:
@@ -244,7 +273,11 @@ class Registry:
                 )
             return entry.model
         candidates = [
-            e.model for e in self.entries if task in (None, e.task) and e.model is not None
+            e.model
+            for e in self.entries
+            if task in (None, e.task)
+            and e.model is not None
+            and (accept is None or accept(e.model.package))
         ]
         kind = f"{task} models" if task else "models"
         if len(candidates) == 1:

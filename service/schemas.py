@@ -281,6 +281,42 @@ class EmbedRequest(_Body):
     model: ModelName = None
 
 
+class SparseEmbedRequest(_Body):
+    inputs: Texts
+    truncate: bool = Field(
+        default=True, description="Cut inputs to the model window; false = 422 instead."
+    )
+    truncation_direction: TruncationDirection = "right"
+    return_tokens: bool = Field(
+        default=False, description="Name each entry's vocabulary token too."
+    )
+    prompt_name: PromptName = None
+    model: ModelName = None
+
+
+class SparseValue(BaseModel):
+    index: int
+    value: float
+    token: str | None = None
+
+
+class FillMaskRequest(_Body):
+    inputs: Texts = Field(description="Texts with the model's mask token ([MASK], <mask>).")
+    top_k: int = Field(default=5, ge=1, le=1000, description="Fillers per mask, best first.")
+    targets: Text | Annotated[list[Text], Field(min_length=1)] | None = Field(
+        default=None,
+        description="Score only these words (a word that is several tokens: its first token).",
+    )
+    model: ModelName = None
+
+
+class Filler(BaseModel):
+    score: float
+    token: int
+    token_str: str
+    sequence: str
+
+
 class ZeroShotRequest(_Body):
     inputs: Texts
     candidate_labels: Text | Annotated[list[Text], Field(min_length=1)] = Field(

@@ -52,6 +52,8 @@ TASK_OF_ENDPOINT = {
     "/embed": "embedding",
     "/v1/embeddings": "embedding",
     "/zero-shot": "classification",
+    "/fill-mask": "fill-mask",
+    "/embed_sparse": "embedding",
     "/rerank": "classification",
     "/v1/rerank": "classification",
 }
@@ -319,6 +321,7 @@ def _minilm_tokenizer() -> Any:
 
 # Labels of the stand-ins whose endpoint needs them: an NLI model names entailment.
 STAND_IN_LABELS = {"nli": ["entailment", "neutral", "contradiction"], "reranker": ["score"]}
+SPARSE_STAND_INS = ("splade",)  # /embed_sparse's: a masked LM exported with --pooling splade
 
 
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
@@ -344,12 +347,20 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
                            name=name, verbose=False)  # fmt: skip
             continue
         tok = packages.tiny_tokenizer()
+        if name in SPARSE_STAND_INS:  # a masked LM with SPLADE pooling
+            model = HEADS["fill-mask"](BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
+                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                  intermediate_size=37))  # fmt: skip
+            export_package(model.eval(), "embedding", folder / name, tokenizer=tok, name=name,
+                           pooling="splade", max_seq_length=128, verbose=False)  # fmt: skip
+            continue
         labels = STAND_IN_LABELS.get(name)
         config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32,
                             num_hidden_layers=4, num_attention_heads=4, intermediate_size=37,
                             id2label=dict(enumerate(labels)) if labels else None)  # fmt: skip
         export_package(HEADS[task](config).eval(), task, folder / name, tokenizer=tok, name=name,
-                       max_seq_length=128, verbose=False, hidden_states=task == "embedding")  # fmt: skip
+                       max_seq_length=128, verbose=False,
+                       hidden_states=task == "embedding")  # fmt: skip
     return folder
 
 

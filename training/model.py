@@ -309,6 +309,12 @@ class BertPreTrainedHead(nn.Module):
     def post_init(self) -> None:
         init_weights(self, self.config.initializer_range)
 
+    def family_head(self, hidden: Tensor) -> Tensor:
+        """`hidden` through the family's prediction head where the head has one (ModernBERT's
+        `head`, before every task's linear layer), else unchanged."""
+        head = getattr(self, "head", None)
+        return hidden if head is None else head(hidden)
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -475,9 +481,7 @@ class BertForMaskedLM(BertPreTrainedHead):
     ) -> MaskedLMOutput:
         """labels (B, T): the original token at masked positions, -100 elsewhere."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        if self.head is not None:
-            hidden = self.head(hidden)
-        logits = self.cls(hidden)  # (B, T, V)
+        logits = self.cls(self.family_head(hidden))  # (B, T, V)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
@@ -581,8 +585,8 @@ class BertForSequenceClassification(BertPreTrainedHead):
             pooled = F.relu(self.pre_classifier(pooled))
         elif self.pooler is not None:  # it reads the first position of a (B, T, H) input
             pooled = self.pooler(pooled[:, None])
-        elif self.head is not None:
-            pooled = self.head(pooled)
+        else:
+            pooled = self.family_head(pooled)
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         loss = None
         if labels is not None:
@@ -662,8 +666,7 @@ class BertForTokenClassification(BertPreTrainedHead):
     ) -> TokenClassifierOutput:
         """labels (B, T): tag ids, -100 where no loss (special tokens, later word pieces)."""
         hidden = self.features(self.bert(input_ids, attention_mask, token_type_ids).hidden_states)
-        if self.head is not None:
-            hidden = self.head(hidden)
+        hidden = self.family_head(hidden)
         logits = self.classifier(self.dropout(hidden))  # (B, T, C)
         loss = None
         if labels is not None:
@@ -699,8 +702,7 @@ class BertForQuestionAnswering(BertPreTrainedHead):
     ) -> QuestionAnsweringOutput:
         """start_positions, end_positions (B,): token indices; 0 ([CLS]) for no answer."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        if self.head is not None:
-            hidden = self.head(hidden)
+        hidden = self.family_head(hidden)
         start, end = getattr(self, self.outputs_name)(hidden).unbind(-1)  # (B, T) each
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -219,6 +219,11 @@ class Job:
         dimensions: int | None = None,
     ) -> None:
         _check_texts(texts)
+        if package.sparse:
+            raise InvalidInput(
+                f"model {package.name!r} answers sparse embeddings (pooling {package.pooling}): "
+                "ask POST /embed_sparse"
+            )
         self.direction = truncation_direction
         self.dimensions = dimensions
         width = embedding_width(package) if dimensions is not None and features is None else None

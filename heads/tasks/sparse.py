@@ -78,7 +78,9 @@ class Job:
         truncate: bool = True,
         with_tokens: bool = False,
         prompt: str = "",
+        truncation_direction: str = "right",
     ) -> None:
+        self.direction = truncation_direction
         if not package.sparse:
             raise InvalidInput(
                 f"model {package.name!r} answers dense embeddings (pooling {package.pooling}), "
@@ -95,7 +97,12 @@ class Job:
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         encoded = text_rows(
-            template(tokenizer), self.texts, encodings, self.max_seq_length, self.truncate
+            template(tokenizer),
+            self.texts,
+            encodings,
+            self.max_seq_length,
+            self.truncate,
+            self.direction,
         )
         self.truncated = encoded.truncated
         self.tokens = sum(len(row) for row in encoded.sequences)

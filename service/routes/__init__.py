@@ -10,6 +10,7 @@ from __future__ import annotations
 from service.routes import (
     classify,
     embed,
+    masked_lm,
     models,
     ner,
     probes,
@@ -27,6 +28,7 @@ ROUTERS = [
     ner.router,
     qa.router,
     embed.router,
+    masked_lm.router,
     rerank.router,
     tokenize.router,
     models.router,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from heads.tasks import embed
-from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK
+from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOINTS
 from service.registry import Entry
 from service.routes.answers import ERRORS
 from service.routes.deps import ApiKey, RegistryDep
@@ -35,7 +35,10 @@ def describe(entry: Entry) -> ModelInfo:
             "variants": sorted(p.variants),
             "provider": entry.model.backend.provider,
             "warmup_seconds": round(entry.model.warmup_seconds, 4),
-            "endpoints": [*ENDPOINTS_BY_TASK.get(p.task, ()), *ANY_TASK_ENDPOINTS],
+            "endpoints": [
+                *(SPARSE_ENDPOINTS if p.sparse else ENDPOINTS_BY_TASK.get(p.task, ())),
+                *ANY_TASK_ENDPOINTS,
+            ],
         }
     )
 
