@@ -82,6 +82,7 @@ def test_dimensions_keep_the_first_values_then_normalise() -> None:
     package = SimpleNamespace(
         max_seq_length=16,
         normalize=True,
+        sparse=False,
         outputs=[{"name": "embeddings", "shape": ["batch", 8]}],
     )
     outputs = [{"embeddings": v} for v in vectors]
