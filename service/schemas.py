@@ -118,6 +118,7 @@ PromptName = Annotated[
 
 TruncationDirection = Annotated[
     Literal["right", "left", "Right", "Left"],
+    AfterValidator(str.lower),  # the engine and heads.rows take "right" / "left"
     Field(
         description="Which end of a too-long input truncation cuts: right keeps the first "
         "tokens, left the last (TEI's Right / Left are accepted too).",

@@ -198,11 +198,11 @@ def features(
     return Features(LAYER_OUTPUTS[pooling], layers, combine)
 
 
-class Job:
-    """One /embed or /v1/embeddings request for a model's batcher: texts -> one row each ->
-    (N, H) float32 vectors ((N, F) with layer `features`); `prompt` goes before each text.
-    After it ran, `tokens` holds the tokens its rows took (OpenAI's usage), the prompt's
-    included."""
+class TextRows:
+    """The rows of a job that embeds texts (dense here, sparse in heads.tasks.sparse): one row
+    per text, `prompt` before each, cut to the window as the classifier cuts (or refused with
+    truncate=False). After rows(), `truncated` counts the inputs cut and `tokens` the tokens
+    the rows took, the prompt's included (OpenAI's usage)."""
 
     windowed = 0
 
@@ -210,29 +210,14 @@ class Job:
         self,
         package: ModelPackage,
         texts: list[str],
-        *,
-        normalize: bool | None = None,
-        truncate: bool = True,
-        features: Features | None = None,
-        prompt: str = "",
-        truncation_direction: str = "right",
-        dimensions: int | None = None,
+        truncate: bool,
+        prompt: str,
+        truncation_direction: str,
     ) -> None:
         _check_texts(texts)
-        if package.sparse:
-            raise InvalidInput(
-                f"model {package.name!r} answers sparse embeddings (pooling {package.pooling}): "
-                "ask POST /embed_sparse"
-            )
-        self.direction = truncation_direction
-        self.dimensions = dimensions
-        width = embedding_width(package) if dimensions is not None and features is None else None
-        if width is not None:  # a bad `dimensions` is a 422 before any compute
-            shorten(np.zeros((0, width), dtype=np.float32), dimensions)
         self.texts = [prompt + text for text in texts] if prompt else texts
         self.max_seq_length = package.max_seq_length
-        self.normalize = package.normalize if normalize is None else normalize
-        self.truncate, self.features = truncate, features
+        self.truncate, self.direction = truncate, truncation_direction
         self.truncated = self.tokens = 0
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
@@ -247,6 +232,36 @@ class Job:
         self.truncated = encoded.truncated
         self.tokens = sum(len(row) for row in encoded.sequences)
         return encoded.sequences
+
+
+class Job(TextRows):
+    """One /embed or /v1/embeddings request for a model's batcher: texts -> one row each ->
+    (N, H) float32 vectors ((N, F) with layer `features`)."""
+
+    def __init__(
+        self,
+        package: ModelPackage,
+        texts: list[str],
+        *,
+        normalize: bool | None = None,
+        truncate: bool = True,
+        features: Features | None = None,
+        prompt: str = "",
+        truncation_direction: str = "right",
+        dimensions: int | None = None,
+    ) -> None:
+        if package.sparse:
+            raise InvalidInput(
+                f"model {package.name!r} answers sparse embeddings (pooling {package.pooling}): "
+                "ask POST /embed_sparse"
+            )
+        super().__init__(package, texts, truncate, prompt, truncation_direction)
+        self.dimensions = dimensions
+        width = embedding_width(package) if dimensions is not None and features is None else None
+        if width is not None:  # a bad `dimensions` is a 422 before any compute
+            shorten(np.zeros((0, width), dtype=np.float32), dimensions)
+        self.normalize = package.normalize if normalize is None else normalize
+        self.features = features
 
     def answer(self, outputs: list[Outputs]) -> np.ndarray:
         if self.features is None:

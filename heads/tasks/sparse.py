@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import EncodedTexts, InvalidInput, Outputs, Sequence, template, text_rows
+from heads.rows import EncodedTexts, InvalidInput, Outputs, Sequence
 from heads.tasks import embed
 
 __all__ = ["Job", "postprocess", "preprocess"]
@@ -62,13 +62,9 @@ def postprocess(vectors: np.ndarray, tokenizer: Tokenizer | None = None) -> list
     return answers
 
 
-class Job:
-    """One sparse-embedding request for a model's batcher: texts -> one row each -> per text
-    its non-zero {"index", "value"} (and "token" with `with_tokens`); `prompt` goes before
-    each text. After it ran, `tokens` holds the tokens its rows took, the prompt's included,
-    as embed's Job counts them."""
-
-    windowed = 0
+class Job(embed.TextRows):
+    """One sparse-embedding request for a model's batcher: texts -> one row each (embed's
+    rows) -> per text its non-zero {"index", "value"} (and "token" with `with_tokens`)."""
 
     def __init__(
         self,
@@ -80,34 +76,18 @@ class Job:
         prompt: str = "",
         truncation_direction: str = "right",
     ) -> None:
-        self.direction = truncation_direction
         if not package.sparse:
             raise InvalidInput(
                 f"model {package.name!r} answers dense embeddings (pooling {package.pooling}), "
                 "not sparse ones"
             )
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InvalidInput(f"inputs[{i}]: expected a string")
-        self.texts = [prompt + text for text in texts] if prompt else texts
-        self.max_seq_length = package.max_seq_length
-        self.truncate, self.with_tokens = truncate, with_tokens
+        super().__init__(package, texts, truncate, prompt, truncation_direction)
+        self.with_tokens = with_tokens
         self.tokenizer: Tokenizer | None = None  # set by rows() when the tokens are asked for
-        self.truncated = self.tokens = 0
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
-        encoded = text_rows(
-            template(tokenizer),
-            self.texts,
-            encodings,
-            self.max_seq_length,
-            self.truncate,
-            self.direction,
-        )
-        self.truncated = encoded.truncated
-        self.tokens = sum(len(row) for row in encoded.sequences)
         self.tokenizer = tokenizer if self.with_tokens else None
-        return encoded.sequences
+        return super().rows(tokenizer, encodings)
 
     def answer(self, outputs: list[Outputs]) -> list[list[Entry]]:
         return postprocess(np.stack([out["embeddings"] for out in outputs]), self.tokenizer)

@@ -23,7 +23,7 @@ async def classify_texts(body: ClassifyRequest, run: Inference) -> Response:
         top_k=body.top_k,
         function_to_apply=body.function_to_apply,
         truncate=body.truncate,
-        truncation_direction=body.truncation_direction.lower(),
+        truncation_direction=body.truncation_direction,
         call=run,
     )
     return answer(labels, single)

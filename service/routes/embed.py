@@ -33,7 +33,7 @@ async def embed_texts(body: EmbedRequest, run: Inference) -> Response:
         pooling=body.pooling,
         combine=body.combine,
         prompt_name=body.prompt_name,
-        truncation_direction=body.truncation_direction.lower(),
+        truncation_direction=body.truncation_direction,
         dimensions=body.dimensions,
         call=run,
     )

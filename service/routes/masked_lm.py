@@ -37,7 +37,7 @@ async def embed_sparse(body: SparseEmbedRequest, run: Inference) -> Response:
         truncate=body.truncate,
         return_tokens=body.return_tokens,
         prompt_name=body.prompt_name,
-        truncation_direction=body.truncation_direction.lower(),
+        truncation_direction=body.truncation_direction,
         call=run,
     )
     return json_response(entries)

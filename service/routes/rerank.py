@@ -22,7 +22,7 @@ async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
         model=body.model,
         raw_scores=body.raw_scores,
         truncate=body.truncate,
-        truncation_direction=body.truncation_direction.lower(),
+        truncation_direction=body.truncation_direction,
         call=run,
     )
     if body.return_text:
