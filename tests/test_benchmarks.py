@@ -139,3 +139,26 @@ def test_the_family_speed_benchmark_times_every_family_beside_bert(tmp_path):
     fused = {r["family"]: r["fused"] for r in results}
     assert fused["bert"].get("Attention") == 2
     assert all("Attention" not in fused[f] for f in ("deberta-v2", "modernbert", "mpnet"))
+
+
+def test_ours_and_trainers_loops_run_side_by_side_on_the_same_rows(
+    tmp_path, shared_data, minilm_path
+):
+    """benchmarks.finetune_vs_trainer, a few CoNLL steps of each loop in its own process (the real
+    all-MiniLM-L6-v2: minilm_path skips without its package): a
+    row with both rates, their ratio and each final loss, in the JSON and the Markdown."""
+    import json
+
+    pytest.importorskip("accelerate")  # transformers' Trainer needs it
+    from benchmarks import finetune_vs_trainer
+
+    assert finetune_vs_trainer.main(["--tasks", "conll", "--precisions", "fp32", "--steps", "4",
+                                     "--skip", "1", "--rounds", "1", "--examples", "64",
+                                     "--data", str(shared_data), "--results", str(tmp_path)]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "finetune_vs_trainer.json").read_text())
+    [row] = report["results"]
+    assert row["task"] == "conll" and row["precision"] == "fp32" and row["ratios"]
+    assert row["ours_steps_per_s"] > 0 and row["trainer_steps_per_s"] > 0
+    assert 0 < row["ours_final_loss"][0] < 10 and 0 < row["trainer_final_loss"][0] < 10
+    assert report["threads"] >= 1 and report["cpu"]
+    assert "| conll | fp32 |" in (tmp_path / "finetune_vs_trainer.md").read_text()

@@ -181,6 +181,14 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=DTYPES[precision])
 
 
+def threads(device: torch.device) -> str:
+    """On CPU, the thread counts each process computes with (OMP_NUM_THREADS or one per core;
+    transformers' Trainer leaves them as they are too), for the log's first line."""
+    if device.type != "cpu":
+        return ""
+    return f" ({torch.get_num_threads()} threads, {torch.get_num_interop_threads()} inter-op)"
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
@@ -346,7 +354,7 @@ class Trainer:
         self.precision = resolve_precision(loop.precision, d.device)
         cuda = d.device.type == "cuda"
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw(model, loop.lr, loop.weight_decay, fused=cuda, beta2=loop.adam_beta2)
+        self.optimizer = adamw(model, loop.lr, loop.weight_decay, beta2=loop.adam_beta2)
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.precision == "fp16")
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.train_model: nn.Module = model
@@ -367,7 +375,8 @@ class Trainer:
         self._plotted = time.perf_counter()
         kind = {"fp32": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast, loss scaling"}
         d.log(
-            f"training on {d.device} x{d.world}: {kind[self.precision]}; {describe(self.optimizer)}"
+            f"training on {d.device} x{d.world}{threads(d.device)}: {kind[self.precision]}; "
+            f"{describe(self.optimizer)}"
             + (f"; {loop.grad_accum} micro-batches a step" if loop.grad_accum > 1 else "")
             + ("; compiled" if loop.compile else "")
         )
