@@ -10,7 +10,7 @@ PORT ?= 8080
 # filter reaches the build backend's own process through the environment.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
-.PHONY: help install install-dev test test-fresh test-slow test-e2e audit lock lint format typecheck models serve clean docker-check docker-up docker-down
+.PHONY: help install install-dev test test-fresh test-slow test-e2e audit lock lint format typecheck models models-tasks serve clean docker-check docker-up docker-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -49,13 +49,18 @@ models: install-dev  ## build the default model repository into ./models (MiniLM
 	@echo "[models] the default models in $(MODELS)/: building the missing ones (first time: about 2-4 min)"
 	$(BIN)/python -m demo.models --out $(MODELS)
 
+models-tasks: install-dev  ## also build the task demos: a reranker and an NLI model for zero-shot (about 3-4 min)
+	@echo "[models] the task demos in $(MODELS)/ (demo-reranker, demo-nli): building the missing ones"
+	$(BIN)/python -m demo.models --out $(MODELS) --tasks
+
 # Ctrl-C (or SIGTERM to the service's process) drains and exits 0, and make with it; a SIGTERM
 # sent to make itself is reported by make as "Terminated" (README, "Two commands").
 serve: install-dev models  ## install, build the default models if missing, serve on 127.0.0.1:8080
 	@echo "[serve] starting on 127.0.0.1:$(PORT) (ready when /ready answers 200; Ctrl-C stops it)"
 	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)
 
-test-e2e: models  ## Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
+test-e2e: models  ## the README's task answers from a real task build, then Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
+	$(BIN)/python -m pytest -q -m tasks -p no:cacheprovider
 	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
 
 # One line naming what is missing, instead of `docker: unknown command: docker compose` halfway

@@ -20,9 +20,10 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from heads.rows import load_package_tokenizer
-from heads.tasks import classify, ner, qa
+from heads.tasks import classify, ner, qa, rerank, zero_shot
 from training.cli import option, parse
 from training.evaluate import onnx_runner, run_rows
 from training.metrics import squad_scores
@@ -263,6 +264,110 @@ QA = [
 ]
 
 
+# (query, documents, index of the one that answers it): other subjects, sentence shapes and
+# values than demo/qa_data.py's, with distractors about the same subject.
+RERANK = [
+    (
+        "When did the museum open?",
+        [
+            "The museum has four floors of paintings.",
+            "Its doors first opened to visitors in April 1961.",
+            "Tickets cost twelve euros.",
+        ],
+        1,
+    ),
+    (
+        "Who founded Larkspur Analytics?",
+        [
+            "Larkspur Analytics employs 340 people in Oslo.",
+            "Larkspur Analytics was started by Ines Vartanian in 2009.",
+            "Its software is used by hospitals.",
+        ],
+        1,
+    ),
+    (
+        "How much did the new stadium cost?",
+        [
+            "The new stadium cost 410 million pounds to build.",
+            "The new stadium holds 52,000 fans.",
+            "It was designed by a firm from Madrid.",
+        ],
+        0,
+    ),
+    (
+        "Where was Tomas Lindqvist born?",
+        [
+            "Tomas Lindqvist won two national titles.",
+            "He retired from racing at 35.",
+            "Tomas Lindqvist was born in Uppsala in 1978.",
+        ],
+        2,
+    ),
+    (
+        "How many people attended the book fair?",
+        [
+            "The book fair took place in Leipzig.",
+            "Around 86,000 people came to the book fair this year.",
+            "The fair lasted five days.",
+        ],
+        1,
+    ),
+    (
+        "How long did the renovation take?",
+        [
+            "The renovation took three years.",
+            "The renovation was paid for by the city.",
+            "The hall reopened in May.",
+        ],
+        0,
+    ),
+    (
+        "Which company makes the Orbit scooter?",
+        [
+            "The Orbit scooter has a range of 40 km.",
+            "The Orbit scooter is sold in nine countries.",
+            "Velora Mobility builds the Orbit scooter in its Lyon factory.",
+        ],
+        2,
+    ),
+    (
+        "What did Hana Okafor study?",
+        [
+            "Hana Okafor studied chemistry at university.",
+            "Hana Okafor moved to Nairobi in 2004.",
+            "She has two daughters.",
+        ],
+        0,
+    ),
+]
+# (text, candidate labels, template or None for the pipeline's default, the right label): the
+# demo NLI model's topics, in sentences of other shapes than the QA grammar's.
+ZERO_SHOT = [
+    ("The tower was completed in 1889 and is 330 metres tall.",
+     ["buildings", "business", "a person"], "This text is about {}.", "buildings"),
+    ("Quentin Marsh was born in Leeds and studied law before becoming a judge.",
+     ["buildings", "a person", "an event"], "This text is about {}.", "a person"),
+    ("Brightwave Ltd reported a profit of 3 million dollars and opened 40 new offices.",
+     ["business", "an event", "architecture"], "This text is about {}.", "business"),
+    ("The regatta was held in Valencia in June, and 900 sailors took part.",
+     ["an event", "business", "a person"], "This text is about {}.", "an event"),
+    ("Its glass roof covers a hall where trains from six countries arrive.",
+     ["architecture", "people", "events"], "The topic is {}.", "architecture"),
+    ("She wrote four novels and taught history in Accra for twenty years.",
+     ["a company", "a person", "buildings"], None, "a person"),
+    ("Shares of the carmaker fell after it cut 2,000 jobs.",
+     ["business", "buildings", "an event"], None, "business"),
+    ("More than 40,000 runners crossed the finish line of the race on Sunday.",
+     ["people", "a company", "events"], "This example is about {}.", "events"),
+]  # fmt: skip
+
+
+def _run_job(runner: Any, tokenizer: Any, job: Any) -> list[Any]:
+    """A task job's answers as the server gives them: its rows through the package."""
+    encodings = [tokenizer.encode(t, add_special_tokens=False) for t in job.texts]
+    return job.answer(run_rows(runner, job.rows(tokenizer, encodings), 16, None))
+
+
 def _entity_spans(text: str, entities: list[tuple[str, str]]) -> set[tuple[int, int, str]]:
     """(start, end, type) character spans, found left to right."""
     spans, at = set(), 0
@@ -284,7 +389,26 @@ def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[st
     runner, package = onnx_runner(package_dir)
     tokenizer = load_package_tokenizer(package.tokenizer_path)
     msl, misses = package.max_seq_length, []
-    if package.task == "classification":
+    labels = [label.lower() for label in package.labels or []]
+    if package.task == "classification" and "relevant" in labels:
+        right = 0
+        for query, documents, gold in RERANK:
+            best = _run_job(runner, tokenizer, rerank.Job(package, query, documents))[0]
+            right += best["index"] == gold
+            if best["index"] != gold:
+                misses.append(f"{query!r}: {documents[best['index']]!r} {best['score']:.2f}")
+        scores = {"accuracy": 100 * right / len(RERANK)}
+    elif package.task == "classification" and any(lb.startswith("entail") for lb in labels):
+        right = 0
+        for text, candidates, hypothesis, gold in ZERO_SHOT:
+            extra = {"hypothesis_template": hypothesis} if hypothesis else {}
+            job = zero_shot.Job(package, [text], candidates, **extra)
+            ans = _run_job(runner, tokenizer, job)[0]
+            right += ans["labels"][0] == gold
+            if ans["labels"][0] != gold:
+                misses.append(f"{text!r}: {ans['labels'][0]} {ans['scores'][0]:.2f}")
+        scores = {"accuracy": 100 * right / len(ZERO_SHOT)}
+    elif package.task == "classification":
         texts = [t for t, _ in SENTIMENT]
         outs = run_rows(runner, classify.preprocess(tokenizer, texts, msl).sequences, 32, None)
         logits = [o["logits"] for o in outs]

@@ -11,6 +11,11 @@ of its weights checked before use) it writes four packages:
     models/demo-ner/           DEMO token classification (PER / LOC / ORG / MISC, IOB2)
     models/demo-qa/            DEMO extractive question answering
 
+and with --tasks (`make models-tasks`) two more, for /rerank and /zero-shot:
+
+    models/demo-reranker/      DEMO cross-encoder (irrelevant / relevant)
+    models/demo-nli/           DEMO two-label NLI over topics, fine-tuned from the reranker
+
 The three demo heads are fine-tuned for a minute or so each on data the project generates
 itself (`demo/data.py`), and scored on a hand-written check set they never saw
 (`demo/checks.py`); each package's line reports that score. They handle ordinary
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from demo.task_data import NLI_LABELS, RERANK_LABELS
 from heads.contract import MANIFEST
 from training.cli import option, parse
 
@@ -54,6 +60,7 @@ class DemoHead:
     # CPU seconds of the whole job (fine-tune, export, checks) with one thread, measured: the
     # wall time on an idle core, which the progress lines scale by the pace they observe.
     seconds: float = 60
+    after: str | None = None  # starts from this head's fine-tuned checkpoint, once it is built
 
 
 # Recipes measured on a 2-core CPU (README, "Default models"): one or two passes at a high
@@ -86,6 +93,42 @@ DEMO_HEADS = {
         140,
     ),
 }
+# The task packages beside the heads (`--tasks`; README: /rerank, /zero-shot): a cross-encoder
+# fine-tuned on question / passage pairs, and an NLI model fine-tuned from it on premise /
+# hypothesis pairs. Pairs are short (under 70 word pieces), so one pass is cheap. The NLI model
+# starts from the reranker because all-MiniLM-L6-v2, a bi-encoder, learned to compare the two
+# texts of a pair too slowly: from it, one pass left every label of a kind scoring alike.
+TASK_HEADS = {
+    "demo-reranker": DemoHead(
+        "classification",
+        "rerank",
+        3000,
+        {
+            "epochs": 1,
+            "lr": 1e-4,
+            "batch_size": 16,
+            "max_seq_length": 256,
+            "labels": ",".join(RERANK_LABELS),
+        },  # fmt: skip
+        90,
+    ),
+    "demo-nli": DemoHead(
+        "classification",
+        "nli",
+        2000,
+        # relevant / entailment second: the reranker's classifier is where this one starts
+        {
+            "epochs": 1,
+            "lr": 1e-4,
+            "batch_size": 16,
+            "max_seq_length": 256,
+            "labels": ",".join(NLI_LABELS),
+        },  # fmt: skip
+        70,
+        after="demo-reranker",
+    ),
+}
+FINETUNED = DEMO_HEADS | TASK_HEADS
 EMBEDDING_SECONDS = 5.0
 
 
@@ -143,7 +186,7 @@ def _build_one(name: str, src: str, data: str, target: str, seed: int, threads: 
     try:
         with _quiet(log):
             _build_package(name, Path(src), Path(data), Path(target), seed)
-            scores = {} if name == EMBEDDING else _score(target)
+            scores = _score(target) if name in FINETUNED else {}
     except Exception:
         with open(log, "a") as f:
             traceback.print_exc(file=f)
@@ -176,8 +219,10 @@ def _build_package(name: str, src: Path, data: Path, target: Path, seed: int) ->
         return
     from training.finetune import FinetuneArgs, finetune
 
-    head = DEMO_HEADS[name]
+    head = FINETUNED[name]
     run = data / f"run-{name}"
+    if head.after is not None:
+        src = data / f"run-{head.after}" / "best"
     # No evaluation during training: the generated data has nothing left to teach about
     # itself (the old builds scored 100% on it), and the score that matters, the hand-written
     # checks, is taken on the exported package afterwards.
@@ -201,7 +246,8 @@ def _build_package(name: str, src: Path, data: Path, target: Path, seed: int) ->
     if target.exists():
         shutil.rmtree(target)
     shutil.move(str(result.package_dir), target)
-    shutil.rmtree(run, ignore_errors=True)
+    if not any(h.after == name for h in FINETUNED.values()):  # else the next head starts here
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def _describe(scores: dict[str, float]) -> str:
@@ -261,10 +307,13 @@ def build(
     force: bool = False,
     jobs: int | None = None,
     only: list[str] | None = None,
+    tasks: bool = False,
 ) -> dict[str, dict]:
-    """Writes the missing packages under `out` (all with `force`; `only` these names), the
-    demo heads `jobs` at a time in worker processes; returns {name: result} of those built."""
+    """Writes the missing packages under `out` (all with `force`; `only` these names; the task
+    packages too with `tasks`), the demo heads `jobs` at a time in worker processes; returns
+    {name: result} of those built."""
     from demo.data import write_demo_data
+    from demo.task_data import write_task_data
     from training.checkpoint import sha256, weights_file
 
     t_start = time.perf_counter()
@@ -272,9 +321,14 @@ def build(
     # Verify before anything reads the weights.
     if (actual := sha256(weights_file(src))) != MINILM_SHA256:
         sys.exit(f"error: {weights_file(src)} has sha256 {actual}, expected {MINILM_SHA256}")
-    names = [n for n in (*DEMO_HEADS, EMBEDDING) if not only or n in only]
+    offered = [*DEMO_HEADS, EMBEDDING, *(TASK_HEADS if tasks or only else ())]
+    names = [n for n in offered if not only or n in only]
     out.mkdir(parents=True, exist_ok=True)
     todo = [n for n in names if force or not (out / n / MANIFEST).exists()]
+    # A head that starts from another's checkpoint needs that one trained in this build.
+    for n in list(todo):
+        if (parent := FINETUNED[n].after if n in FINETUNED else None) and parent not in todo:
+            todo.append(parent)
     for n in names:
         if n not in todo:
             print(f"{n}: exists, skipped (--force rebuilds)", flush=True)
@@ -284,9 +338,14 @@ def build(
     jobs = max(1, min(jobs or cpus or 1, len(todo)))
     threads = max(1, (cpus or 1) // jobs)
     # Longest first, so that the last to finish is a short one.
-    todo.sort(key=lambda n: -(DEMO_HEADS[n].seconds if n in DEMO_HEADS else EMBEDDING_SECONDS))
-    expected = {n: DEMO_HEADS[n].seconds if n in DEMO_HEADS else EMBEDDING_SECONDS for n in todo}
+    expected = {n: FINETUNED[n].seconds if n in FINETUNED else EMBEDDING_SECONDS for n in todo}
+    todo.sort(key=lambda n: -expected[n])
+    # Submitted when the head they start from is built (the pool runs jobs in submission order).
+    later = {n: FINETUNED[n].after for n in todo if n in FINETUNED and FINETUNED[n].after}
+    todo = [n for n in todo if n not in later] + list(later)
     total = _time_left({}, todo, expected, 1.0, min(2, len(todo)), 0.0)
+    # ... and none ends before the head it starts from, plus its own time
+    total = max([total] + [expected[parent] + expected[n] for n, parent in later.items()])
     print(
         f"building {len(todo)} package(s) into {out}/: {jobs} at a time, {threads} thread(s) "
         f"each; an idle 2-core machine takes about {_clock(total)}",
@@ -295,18 +354,23 @@ def build(
     results: dict[str, dict] = {}
     failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bert-heads-demo-") as tmp:
-        sizes = {h.stem: h.examples for h in DEMO_HEADS.values()}
+        sizes = {h.stem: h.examples for h in FINETUNED.values()}
         write_demo_data(Path(tmp), seed=seed, sizes=sizes)
+        write_task_data(Path(tmp), seed=seed, sizes=sizes)
         # spawn: a forked child would inherit this process's OpenMP and tokenizers threads.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            pending: dict[Future, str] = {
-                pool.submit(_build_one, n, str(src), tmp, str(out / n), seed, threads): n
-                for n in todo
-            }
-            # The pool starts jobs in submission order, one per free worker.
-            running = dict.fromkeys(todo[:jobs], time.perf_counter())
-            queued = todo[jobs:]
+
+            def submit(n: str) -> tuple[Future, str]:
+                return pool.submit(_build_one, n, str(src), tmp, str(out / n), seed, threads), n
+
+            first = [n for n in todo if n not in later]
+            pending: dict[Future, str] = dict(submit(n) for n in first)
+            # The pool starts jobs in submission order, one per free worker: `waiting` are the
+            # submitted ones not started yet, `queued` those and the ones not yet submitted.
+            running = dict.fromkeys(first[:jobs], time.perf_counter())
+            waiting, idle = first[jobs:], jobs - len(running)
+            queued = waiting + list(later)
             for name in running:
                 print(f"  {name}: started (about {_clock(expected[name])})", flush=True)
             done_expected = done_actual = 0.0
@@ -324,6 +388,7 @@ def build(
                     name = pending.pop(future)
                     result = future.result()
                     del running[name]
+                    idle += 1
                     if "error" in result:  # say so now; the others still finish
                         print(f"error: building {name} failed; its log ends:\n{result['error']}")
                         failed.append(name)
@@ -340,10 +405,19 @@ def build(
                             + (f", {shown.say(left, now)})" if pending else ")"),
                             flush=True,
                         )
-                    if queued:  # the pool has started it on the worker just freed
-                        running[queued[0]] = now
-                        estimate = _clock(expected[queued[0]] * pace)
-                        print(f"  {queued.pop(0)}: started (about {estimate})", flush=True)
+                    for child in [c for c, parent in later.items() if parent == name]:
+                        if name in failed:  # its start is missing: it cannot be built
+                            failed.append(child)
+                            queued.remove(child)
+                        else:
+                            pending.update([submit(child)])
+                            waiting.append(child)
+                    while idle and waiting:  # the pool has started it on a worker just freed
+                        child = waiting.pop(0)
+                        queued.remove(child)
+                        running[child], idle = now, idle - 1
+                        estimate = _clock(expected[child] * pace)
+                        print(f"  {child}: started (about {estimate})", flush=True)
     if failed:
         sys.exit(f"error: {', '.join(failed)} not built")
     print(f"model repository ready in {_clock(time.perf_counter() - t_start)}: {out}", flush=True)
@@ -358,10 +432,13 @@ class Args:
     jobs: int | None = option(
         None, "packages built at once, each in its own process (default: one per CPU, up to 4)"
     )
+    tasks: bool = option(
+        False, f"also build the task packages ({', '.join(TASK_HEADS)}; about 3 min more)"
+    )
     only: list[str] | None = option(
         None,
-        f"build only these packages: {', '.join([*DEMO_HEADS, EMBEDDING])} (default: all)",
-        choices=[*DEMO_HEADS, EMBEDDING],
+        f"build only these packages: {', '.join([*FINETUNED, EMBEDDING])} (default: all)",
+        choices=[*FINETUNED, EMBEDDING],
         metavar="NAME",
     )
 
@@ -377,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             "python -m demo.models --out models --only minilm-embedding --force",
         ],
     )
-    build(args.out, seed=args.seed, force=args.force, jobs=args.jobs, only=args.only)
+    build(args.out, args.seed, args.force, args.jobs, args.only, args.tasks)
     return 0
 
 

@@ -298,9 +298,15 @@ def _render(template: str, values: dict[str, str]) -> tuple[str, dict[str, tuple
     return text, spans
 
 
-def paragraph(rng: random.Random) -> tuple[str, list[tuple[str, str, int]]]:
-    """(context, [(question, answer, answer_start)])."""
-    kind = rng.choice(["building", "person", "company", "event"])
+KINDS = ["building", "person", "company", "event"]
+
+
+def paragraph(
+    rng: random.Random, kind: str | None = None
+) -> tuple[str, list[tuple[str, str, int]]]:
+    """(context, [(question, answer, answer_start)]) about a subject of `kind` (one of KINDS,
+    drawn when None)."""
+    kind = kind or rng.choice(KINDS)
     facts = {"building": BUILDING, "person": PERSON, "company": COMPANY, "event": EVENT}[kind]
     values = _subject(kind, rng)
     chosen = [facts[0], *rng.sample(facts[1:], rng.randint(2, 4))]

@@ -55,20 +55,36 @@ def _code_hash() -> str:
     return h.hexdigest()[:16]
 
 
-@pytest.fixture(scope="session")
-def demo_models(minilm_path: Path) -> Path:
-    """The default build's demo heads (demo-sentiment, demo-ner, demo-qa), built for real as
-    `make models` builds them: 2 min 17 s on an idle 2-core machine, 4 min on a busy one. Cached
-    in build/demo-models/<hash of the training and service code and library versions>, so the
+def _built(kind: str, names: list[str]) -> Path:
+    """Packages `names` built for real as `make models` builds them, cached in
+    build/<kind>/<hash of the training and service code and library versions>, so that the
     suite pays once per change to the code that makes them."""
     pytest.importorskip("torch")
-    from demo.models import DEMO_HEADS, build
+    from demo.models import build
 
-    cache = REPO / "build" / "demo-models"
+    cache = REPO / "build" / kind
     out = cache / _code_hash()
     if cache.is_dir():  # packages of older code are never read again
         for old in cache.iterdir():
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)
-    build(out, seed=0, only=list(DEMO_HEADS))
+    build(out, seed=0, only=names)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_models(minilm_path: Path) -> Path:
+    """The default build's demo heads (demo-sentiment, demo-ner, demo-qa): 2 min 17 s on an
+    idle 2-core machine, 4 min on a busy one."""
+    from demo.models import DEMO_HEADS
+
+    return _built("demo-models", list(DEMO_HEADS))
+
+
+@pytest.fixture(scope="session")
+def task_models(minilm_path: Path) -> Path:
+    """The task demos (`make models-tasks`: demo-reranker, demo-nli), about 3 min on 2 cores:
+    only the `tasks`-marked tests use them (CI's e2e stage)."""
+    from demo.models import TASK_HEADS
+
+    return _built("task-models", list(TASK_HEADS))

@@ -37,6 +37,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from demo.models import TASK_HEADS
+from demo.task_data import NLI_LABELS, RERANK_LABELS
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DEFAULT_PACKAGES = {  # what `make models` builds (demo/models.py)
@@ -319,8 +322,14 @@ def _minilm_tokenizer() -> Any:
     return load_tokenizer(Path(gt.get_model_path()))
 
 
-# Labels of the stand-ins whose endpoint needs them: an NLI model names entailment.
-STAND_IN_LABELS = {"nli": ["entailment", "neutral", "contradiction"], "reranker": ["score"]}
+# Labels of the stand-ins whose endpoint needs them: an NLI model names entailment; the task
+# demos' stand-ins have their labels.
+STAND_IN_LABELS = {
+    "nli": ["entailment", "neutral", "contradiction"],
+    "reranker": ["score"],
+    "demo-reranker": RERANK_LABELS,
+    "demo-nli": NLI_LABELS,
+}
 SPARSE_STAND_INS = ("splade",)  # /embed_sparse's: a masked LM exported with --pooling splade
 
 
@@ -444,6 +453,8 @@ def test_readme_python_runs(tmp_path):
 # -- the README's answers are the default build's ------------------------------------------------
 
 SCORE_TOLERANCE = 0.05  # a score shown in the README may differ from the build's by this much
+V2_SENTIMENT = "/v2/models/demo-sentiment/infer"
+BUILD_KEYS = {"model_version"}  # a hash of the build's package.json: one build's, not shown
 
 
 def same_values(actual: Any, expected: Any, where: str = "$") -> None:
@@ -452,7 +463,8 @@ def same_values(actual: Any, expected: Any, where: str = "$") -> None:
     if isinstance(expected, dict):
         for k, e in expected.items():
             assert k in actual, f"{where}: no key {k!r}"
-            same_values(actual[k], e, f"{where}.{k}")
+            if k not in BUILD_KEYS:
+                same_values(actual[k], e, f"{where}.{k}")
     elif isinstance(expected, list):
         assert isinstance(actual, list) and len(actual) == len(expected), (
             f"{where}: {len(actual) if isinstance(actual, list) else actual!r} items, "
@@ -484,7 +496,7 @@ def default_answers() -> list[Command]:
         for c in curls()
         if c.answer is not None
         and parse_answer(c.answer)[0] is None
-        and parse_curl(c.line).path in ("/classify", "/ner", "/qa")
+        and parse_curl(c.line).path in ("/classify", "/ner", "/qa", V2_SENTIMENT)
         and requested_model(parse_curl(c.line)) is None
     ]
 
@@ -512,6 +524,43 @@ def test_readme_answer_is_the_default_builds(cmd: Command, default_build):
         same_values(r.json(), parse_answer(cmd.answer)[1])
     except AssertionError as e:
         raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
+
+
+@pytest.mark.tasks
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        c
+        for c in curls()
+        if c.answer is not None and requested_model(parse_curl(c.line)) in TASK_HEADS
+    ],
+    ids=lambda c: parse_curl(c.line).path,
+)
+def test_readme_answer_is_the_task_builds(cmd: Command, task_models):
+    """The /rerank, /v1/rerank and /zero-shot answers shown are the task demos' (`make
+    models-tasks`, seed 0), as the heads' are the default build's."""
+    from service.app import create_app
+    from service.settings import Settings
+    from tests.service.conftest import LiveServer
+
+    server = LiveServer(create_app(Settings(model_dir=task_models))).start()
+    try:
+        req = parse_curl(cmd.line)
+        r = httpx.request(
+            req.method, server.url + req.path, headers=req.headers, content=req.body, timeout=60
+        )
+    finally:
+        server.stop()
+    assert r.is_success, f"{cmd.line}\n-> {r.status_code} {r.text[:500]}"
+    try:
+        same_values(r.json(), parse_answer(cmd.answer)[1])
+    except AssertionError as e:
+        raise AssertionError(f"{cmd.line}\n-> {r.text[:800]}\n{e}") from None
+
+
+def test_the_readme_shows_each_task_demo():
+    named = {requested_model(parse_curl(c.line)) for c in curls() if c.answer is not None}
+    assert set(TASK_HEADS) <= named
 
 
 # -- the README's training commands -----------------------------------------------------------------

@@ -48,9 +48,11 @@ from training.config import (
     MAX_ANSWER_LENGTH,
     BertConfig,
 )
+from training.data.classification import read_classification
 from training.data.epochs import EpochBatches
 from training.data.records import DataError
 from training.data.tasks import training_rows
+from training.data.token_classification import read_tagged
 from training.evaluate import TASKS, Evaluator, make_evaluator, torch_runner
 from training.model import contrastive_loss
 from training.tokenizer import TokenizerError, load_tokenizer
@@ -145,6 +147,45 @@ def prepare_data(
     return rows, labels, evaluator
 
 
+def cpu_has_bf16() -> bool:
+    """AVX512-BF16 or AMX on this CPU (Linux' flags; False where they cannot be read)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def faster_options(args: FinetuneArgs, precision: str, device: torch.device) -> str | None:
+    """A line naming the options that would train faster here. The defaults are transformers'
+    Trainer's (fp32, shuffled batches), so a run compares with it as it is; these change the
+    numerics or which rows share a batch. Measured on a 2-core AMD EPYC with AVX512-BF16,
+    all-MiniLM-L6-v2 (README "Fine-tuning speed"): bf16 1.4x on CoNLL and SST-2, length
+    grouping 1.6x on CoNLL."""
+    faster = []
+    if device.type == "cpu" and precision == "fp32" and cpu_has_bf16():
+        faster.append("--precision bf16 (this CPU has bf16 units)")
+    if not args.group_by_length and args.task in LABELLED:
+        faster.append("--group-by-length")
+    return f"faster here, same settings otherwise: {' and '.join(faster)}" if faster else None
+
+
+def known_labels(args: FinetuneArgs, source: str | Path) -> list[str] | None:
+    """The label ids the data is read against: --labels' order when the data is labelled with
+    those names (`--labels positive,negative` makes positive id 0: ids from the data's sorted
+    names, renamed by --labels, swapped them silently), else the checkpoint's (data labelled
+    0, 1, ...: --labels renames the ids, label_names)."""
+    checkpoint = BertConfig.load(source).labels
+    if not args.labels:
+        return checkpoint
+    names = [n.strip() for n in args.labels.split(",")]
+    if args.task == "classification":
+        seen = {e.label for e in read_classification(args.train)}
+    else:
+        seen = {t for s in read_tagged(args.train) for t in s.tags}
+    return names if seen <= set(names) else checkpoint
+
+
 def label_names(args: FinetuneArgs, labels: list[str] | None) -> list[str] | None:
     """The model's id2label: --labels naming the data's label ids in order, else the data's."""
     names = [n.strip() for n in args.labels.split(",")] if args.labels else labels
@@ -228,7 +269,7 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         )
         args.max_seq_length = fits
     tokenizer = load_tokenizer(args.tokenizer or source)
-    rows, labels, evaluator = prepare_data(args, tokenizer, BertConfig.load(source).labels, d)
+    rows, labels, evaluator = prepare_data(args, tokenizer, known_labels(args, source), d)
     model = build(args, source, label_names(args, labels)).to(d.device).train()
     lengths = [len(r["sequence"]) for r in rows] if args.group_by_length else None
     pad_id = model.config.pad_token_id
@@ -279,7 +320,10 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         sum(p.numel() for p in ps) for ps in (model.parameters(), trainer.params)
     )
     d.log(f"{args.task}: {n_params / 1e6:.1f}M parameters ({n_trained:,} trained); {total:,} steps "
-          f"({data.steps_per_epoch:,} an epoch at batch {args.batch_size}), warm-up {loop.warmup:,}")  # fmt: skip
+          f"({data.steps_per_epoch:,} an epoch at batch {args.batch_size}), warm-up {loop.warmup:,}; "
+          f"batches {'grouped by length' if lengths else 'shuffled'}, padded to their longest row")  # fmt: skip
+    if tip := faster_options(args, trainer.precision, d.device):
+        d.log(tip)
     if d.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")

@@ -8,6 +8,9 @@
         --eval-corpus ../shared/data/corpus/wikitext-2 --config mini --time-budget 1h \\
         --tokenizer ../shared/data/vocab/bert-base-uncased/vocab.txt --out runs/mini
     python -m training.pretrain ... --out runs/mini --resume     # after Ctrl-C or a preemption
+    # continued pretraining (domain adaptation): a checkpoint's weights, config and vocabulary
+    python -m training.pretrain --corpus my-domain-text/ --init runs/mini --objective mlm \\
+        --steps 2000 --lr 5e-5 --out runs/mini-domain
     torchrun --nproc_per_node 8 -m training.pretrain ... --config base --compile   # DDP, bf16
 
 The recipe: the corpus, split into documents and sentences, is tokenized once into a cache
@@ -76,7 +79,9 @@ class PretrainArgs:
     corpus: list[str] = _data(None, "text files or folders of them", required=True, metavar="PATH")
     eval_corpus: list[str] | None = _data(None, "held-out text to evaluate on", metavar="PATH")
     documents: str = _data("blocks", "a blank-line block or a file", choices=DOCUMENT_UNITS)
-    tokenizer: str = _data(None, "vocab.txt, tokenizer.json or train:SIZE", required=True)
+    tokenizer: str | None = _data(
+        None, "vocab.txt, tokenizer.json or train:SIZE (default: --init's)"
+    )
     cased: bool = _data(False, "with train:SIZE, keep case (default: lower-case)")
     max_seq_length: int = _data(128, "tokens per example, [CLS]/[SEP] included")
     short_seq_prob: float = _data(SHORT_SEQ_PROB, "how often a pair aims at a shorter length")
@@ -85,7 +90,10 @@ class PretrainArgs:
     cache_dir: Path | None = _data(None, "tokenized corpus cache (default ~/.cache/bert-heads)")
     skip_bad_files: bool = _data(False, "skip binary or non-UTF-8 files instead of stopping")
     recipe: str = _model("bert", "a paper's defaults: bert, roberta, albert", choices=RECIPES)
-    config: str = _model("mini", f"a preset ({', '.join(PRESETS)}) or a config.json")
+    config: str | None = _model(
+        None, f"a preset ({', '.join(PRESETS)}) or a config.json (default mini; not with --init)"
+    )
+    init: Path | None = _model(None, "start from this checkpoint: its weights, config, vocabulary")
     objective: str = _model("mlm+nsp", "BERT, ALBERT (sop) or RoBERTa (mlm)", choices=OBJECTIVES)
     steps: int | None = _optim(None, "optimizer steps to train for (or --time-budget)")
     time_budget: float | None = _optim(None, "train this long instead: 90s, 30m, 2h", type=duration)
@@ -149,6 +157,12 @@ def check_args(args: PretrainArgs) -> None:
         raise SystemExit("error: --max-seq-length must be at least 8")
     if not 0 < args.mlm_probability < 1 or not 0 <= args.short_seq_prob <= 1:
         raise SystemExit("error: --mlm-probability must be in (0, 1), --short-seq-prob in [0, 1]")
+    if args.init is not None and args.config not in (None, RECIPES[args.recipe].get("config")):
+        raise SystemExit("error: --init brings its own config.json: leave out --config")
+    if args.init is None and args.tokenizer is None:
+        raise SystemExit("error: give --tokenizer (vocab.txt, tokenizer.json or train:SIZE)")
+    if args.init is not None and not args.resume:
+        args.tokenizer = args.tokenizer or str(args.init)
     if args.warmup is None:  # BERT: 10k warm-up steps of 1M
         args.warmup = max(1, args.steps // 100) if args.steps else 100
 
@@ -212,11 +226,23 @@ def get_tokenizer(args: PretrainArgs, d: Dist, files: list[Path]) -> Tokenizer:
 def get_config(args: PretrainArgs, tokenizer: Tokenizer) -> BertConfig:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     pad = tokenizer.token_to_id("[PAD]")
-    if args.config in PRESETS:
-        config = BertConfig.preset(args.config, vocab_size=vocab_size)
+    if args.init is not None:  # its own architecture, whatever the recipe's preset
+        config = BertConfig.load(Path(args.init) / "config.json")
+        if config.vocab_size < vocab_size:
+            raise SystemExit(
+                f"error: the tokenizer has {vocab_size} entries but {args.init}'s embeddings "
+                f"{config.vocab_size}: pass the tokenizer it was trained with"
+            )
+        return _check_length(args, config)
+    name = args.config or "mini"
+    if name in PRESETS:
+        config = BertConfig.preset(name, vocab_size=vocab_size)
     else:
-        config = BertConfig.load(args.config).replace(vocab_size=vocab_size)
-    config = config.replace(pad_token_id=pad if pad is not None else 0)
+        config = BertConfig.load(name).replace(vocab_size=vocab_size)
+    return _check_length(args, config.replace(pad_token_id=pad if pad is not None else 0))
+
+
+def _check_length(args: PretrainArgs, config: BertConfig) -> BertConfig:
     if args.max_seq_length > config.max_position_embeddings:
         raise SystemExit(
             f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
@@ -338,7 +364,10 @@ def _pretrain(args: PretrainArgs, d: Dist) -> dict[str, Any]:
 
     torch.manual_seed(args.seed)
     config = get_config(args, tokenizer)
-    model = BertForPreTraining(config).to(d.device)
+    if args.init is not None and state is None:  # a fresh head where the checkpoint has none
+        model = load_model(args.init, task="pretraining").train().to(d.device)
+    else:
+        model = BertForPreTraining(config).to(d.device)
     if d.world > 1:  # the same initial weights on every rank; dropout masks of its own
         torch.manual_seed(args.seed + d.rank)
     if args.objective == "mlm":

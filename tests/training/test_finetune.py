@@ -61,6 +61,25 @@ def test_no_weight_decay_on_biases_and_layernorm(init):
     )
 
 
+def test_adamw_is_fused_on_cpu_and_steps_as_the_per_tensor_loop(init):
+    """One kernel for every tensor on CPU too (issue 34: 103 tensors one at a time were 7 ops
+    each, the largest difference from transformers' Trainer); the same update within fp32
+    rounding."""
+    models = [load_model(init, task="classification", labels=["0", "1"]).eval() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())  # the same new head, no dropout
+    fused, loop = adamw(models[0], 1e-3, 0.01), adamw(models[1], 1e-3, 0.01, fused=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    torch.manual_seed(0)
+    ids = torch.randint(5, 20, (4, 6))
+    for _ in range(3):
+        for model, optimizer in zip(models, (fused, loop), strict=True):
+            model(ids, labels=torch.tensor([0, 1, 0, 1])).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_help_explains_every_option(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -258,6 +277,30 @@ def test_label_names_are_saved_and_exported_with_the_window(init, sentiment, tmp
     assert made.max_seq_length == later.max_seq_length == 24
     with pytest.raises(ValueError, match="--labels names 3 labels but .* has 2: 0, 1"):
         finetune(ft.dataclasses.replace(args, labels="neg,neu,pos", out=str(tmp_path / "o")))
+
+
+def test_labels_in_the_data_get_the_ids_labels_gives_them(init, tmp_path):
+    """Data labelled with names: --labels orders them (the ids once came from the sorted names
+    and --labels renamed them: "good,bad" made every good example bad's id)."""
+    from training.data.tasks import training_rows
+    from training.tokenizer import load_tokenizer
+
+    train = tmp_path / "train.jsonl"
+    rows = [{"text": "fine film", "label": "good"}, {"text": "dull film", "label": "bad"}]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = FinetuneArgs(task="classification", init=str(init), train=str(train), out="o",
+                        labels="good,bad")  # fmt: skip
+    known = ft.known_labels(args, init)
+    encoded, labels, _ = training_rows(
+        "classification", train, load_tokenizer(init), 16, known=known
+    )
+    assert labels == ft.label_names(args, labels) == ["good", "bad"]
+    assert [r["labels"] for r in encoded] == [0, 1]  # good is id 0, as --labels says
+    # a name --labels lacks: the data's own ids, and the count check says what is wrong
+    args = ft.dataclasses.replace(args, labels="good,poor")
+    _, labels, _ = training_rows("classification", train, load_tokenizer(init), 16,
+                                 known=ft.known_labels(args, init))  # fmt: skip
+    assert labels == ["bad", "good"]
 
 
 def test_an_eval_label_unseen_in_training_is_an_error_that_names_it(init, sentiment, tmp_path):

@@ -14,12 +14,19 @@ import pytest
 import torch
 
 from tests.training.corpus_text import write_chain_corpus, write_corpus
-from training.checkpoint import load_model
+from training.checkpoint import load_model, save_model
 from training.cli import duration
 from training.config import BertConfig
 from training.model import BertForPreTraining
 from training.plots import read_log
-from training.pretrain import build_parser, flops_per_token, main, parse_args, pretrain
+from training.pretrain import (
+    build_parser,
+    check_args,
+    flops_per_token,
+    main,
+    parse_args,
+    pretrain,
+)
 from training.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +152,38 @@ def test_stopping_and_resuming_gives_the_same_loss_curve(data, tmp_path):
     a = load_model(tmp_path / "straight", "pretraining").state_dict()
     b = load_model(tmp_path / "split", "pretraining").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_init_continues_from_a_checkpoint_with_its_config_and_vocabulary(data, tmp_path):
+    common = ("--lr", "2e-3", "--warmup", "4", "--log-every", "1")
+    pretrain(args_for(data, tmp_path / "first", "--steps", "100", *common))
+    # An encoder without heads (as a sentence-embedding checkpoint is): the MLM head is new.
+    encoder = tmp_path / "encoder"
+    save_model(
+        load_model(tmp_path / "first", "embedding"), encoder, load_tokenizer(data["tokenizer"])
+    )
+    for init, out in ((tmp_path / "first", "again"), (encoder, "from-encoder")):
+        argv = (
+            f"--corpus {data['train']} --init {init} --objective mlm --steps 4 --max-seq-length 32"
+        )
+        argv += f" --batch-size 8 --cache-dir {data['cache']} --out {tmp_path / out} --no-progress"
+        pretrain(parse_args([*argv.split(), *common]))
+    first = train_rows(tmp_path / "first")
+    again = train_rows(tmp_path / "again")
+    # The whole model carried over: the continued run starts where the first one ended
+    assert again[0]["mlm_loss"] < first[0]["mlm_loss"] - 0.5
+    assert abs(again[0]["mlm_loss"] - first[-1]["mlm_loss"]) < 0.5
+    # and an encoder's weights, under a head drawn anew, are the checkpoint's (4 steps apart)
+    key = "bert.embeddings.word_embeddings.weight"
+    start = load_model(encoder, "pretraining").state_dict()[key]
+    moved = (load_model(tmp_path / "from-encoder", "pretraining").state_dict()[key] - start).abs()
+    drawn = BertForPreTraining(BertConfig.load(encoder / "config.json")).state_dict()[key]
+    drawn = (drawn - start).abs()
+    assert moved.mean() < drawn.mean() / 10
+    with pytest.raises(SystemExit, match="leave out --config"):
+        check_args(
+            parse_args([*f"--corpus x --init {init} --config tiny --steps 1 --out o".split()])
+        )
 
 
 @pytest.mark.parametrize("objective, second_loss", [("mlm+sop", "sop_loss"), ("mlm", None)])
