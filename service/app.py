@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.engine import Engine
 from service.http import install_error_handlers
+from service.keys import Keys
 from service.routes import ROUTERS, inference_routes
 from service.routes.inference import DisconnectWatch, InferencePath
 from service.settings import Settings
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> App:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings, app.state.engine = settings, engine
+    app.state.keys = Keys(settings.api_key, settings.api_keys_file)
     app.state.registry, app.state.metrics = registry, metrics
     app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
     install_error_handlers(app)

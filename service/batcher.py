@@ -38,7 +38,7 @@ from tokenizers import Tokenizer
 from heads.rows import InvalidInput, Sequence, pad
 from heads.tasks import Job
 from service.errors import BackendError, NotReady
-from service.job_queue import JobQueue, Queued
+from service.job_queue import JobQueue, Queued, Timing
 from service.metrics import ModelMetrics
 from service.runtime import Backend
 
@@ -129,6 +129,11 @@ class Batcher:
         """False once the worker has ended other than by stop(): nothing would run the queue."""
         return self._worker is not None and not self._worker.done()
 
+    @property
+    def idle(self) -> bool:
+        """Every job it was given has its answer (or error)."""
+        return self.queue.unanswered == 0
+
     async def stop(self) -> None:
         """Stop the worker; requests still queued get 503 not_ready."""
         if self._worker is not None:
@@ -138,15 +143,18 @@ class Batcher:
         self.queue.close([*self._running, *self._tokenizing])
         self._tokenizing, self._running = [], []
 
-    def enqueue(self, job: Job, deadline: float) -> asyncio.Future[Any]:
+    def enqueue(
+        self, job: Job, deadline: float, timing: Timing | None = None
+    ) -> asyncio.Future[Any]:
         """Queue `job`; the future gets its answer, or raises DeadlineExceeded when `deadline`
         (event loop clock) passes first, InvalidInput when the job's texts cannot make rows,
         BackendError when a batch holding one of its rows failed. Cancelling the future drops
-        the job: its rows still queued never run (counted as client_gone)."""
+        the job: its rows still queued never run (counted as client_gone). `timing` gets the
+        job's queue, tokenization and inference seconds."""
         loop = self._loop
         if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
-        return self.queue.put(job, deadline, loop).future
+        return self.queue.put(job, deadline, loop, timing).future
 
     async def submit(self, job: Job, deadline: float) -> Any:
         """`enqueue` and wait for the answer; cancelling the caller drops the job."""
@@ -221,9 +229,11 @@ class Batcher:
     def _take_rows(
         self, requests: list[Queued], made: list[list[Sequence] | Exception], start: float
     ) -> None:
-        self.metrics.tokenization.observe(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.metrics.tokenization.observe(seconds)
         truncated = windowed = 0
         for request, rows in zip(requests, made, strict=True):
+            request.timing.tokenization += seconds
             if request.future.done():  # gone or expired meanwhile
                 continue
             if isinstance(rows, Exception):
@@ -269,6 +279,8 @@ class Batcher:
             if not request.started:
                 request.started = True
                 waited.append(now - request.enqueued)
+                # the header's queue time leaves out the tokenization it waited through
+                request.timing.queue = max(0.0, waited[-1] - request.timing.tokenization)
         for seconds in waited:
             self.metrics.queue_wait.observe(seconds)
         try:
@@ -293,7 +305,10 @@ class Batcher:
             log.exception("%s: inference failed on a batch of %d x %d", self.name, size, longest)
             raise
         finally:
-            self.metrics.inference.observe(time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            self.metrics.inference.observe(seconds)
+            for request in {r for r, _ in batch}:  # once per job, not once per row
+                request.timing.inference += seconds
         start = time.perf_counter()
         finite = _finite_rows(outputs, feeds["attention_mask"], self.sequence_outputs)
         done: list[Queued] = []

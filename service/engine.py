@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from heads.contract import MANIFEST
 from heads.package import ModelPackage
 from heads.tasks import (
     Job,
@@ -39,8 +40,10 @@ from heads.tasks import (
     tokenize,
     zero_shot,
 )
-from service.errors import PayloadTooLarge
+from service.errors import ModelNotFound, PayloadTooLarge
+from service.job_queue import Timing
 from service.metrics import Metrics
+from service.model_control import Poller
 from service.registry import LoadedModel, Registry
 from service.settings import Settings
 
@@ -57,7 +60,8 @@ def _sparse(package: ModelPackage) -> bool:
 
 class Call:
     """One caller's request through the engine: its deadline (event loop clock), how it waits
-    for the answer, and what it used (the model and the job, once chosen)."""
+    for the answer, what it used (the model and the job, once chosen) and where its time went
+    (`timing`: queue, tokenization, inference seconds)."""
 
     model: LoadedModel | None = None
     job: Job | None = None
@@ -65,6 +69,7 @@ class Call:
     def __init__(self, deadline: float, where: str = "this call") -> None:
         self.deadline = deadline
         self.where = where  # how errors name the caller: "/classify needs a ... model"
+        self.timing = Timing()
 
     def chose(self, model: LoadedModel, task: str) -> None:
         """Called once the model is chosen (the HTTP request records it for its metrics)."""
@@ -83,15 +88,34 @@ class Engine:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.registry = Registry(settings, self.metrics)
+        self.poller = Poller(self.registry) if settings.model_control == "poll" else None
 
     async def start(self, wait: bool = True) -> None:
-        """Open every package (in the background); with `wait`, until all have been tried."""
+        """Open every package (in the background); with `wait`, until all have been tried.
+        model_control poll: then follow model_dir."""
         self.registry.start_loading()
+        if self.poller is not None:
+            self.poller.start()
         if wait:
             await self.registry.loaded.wait()
 
     async def stop(self) -> None:
+        if self.poller is not None:
+            await self.poller.stop()
         await self.registry.shutdown(self.settings.drain_timeout)
+
+    async def load(self, name: str) -> LoadedModel:
+        """Load (or reload) model_dir/<name> beside what serves, then swap (model control)."""
+        path = self.settings.model_dir / name
+        if "/" in name or name.startswith(".") or not (path / MANIFEST).is_file():
+            raise ModelNotFound(f"no package folder {name!r} in the model directory")
+        entry = await self.registry.load(path, name)
+        assert entry.model is not None
+        return entry.model
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name`; what it has queued finishes first (model control)."""
+        await self.registry.unload(name)
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -404,7 +428,7 @@ class Engine:
             call.chose(model, task or model.package.task)
             self.check_sizes(inputs)
             job = call.job = make_job(model.package)
-            return await call.wait(model.batcher.enqueue(job, call.deadline))
+            return await call.wait(model.batcher.enqueue(job, call.deadline, call.timing))
         finally:
             registry.admission.release()
 

@@ -36,6 +36,11 @@ class Unauthorized(ServiceError):
     error_type = "unauthorized"
 
 
+class Forbidden(ServiceError):
+    status = 403
+    error_type = "forbidden"
+
+
 class ModelNotFound(ServiceError):
     status = 404
     error_type = "model_not_found"

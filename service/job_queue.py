@@ -115,6 +115,17 @@ def next_batch(
     return order[lo:hi]
 
 
+@dataclass
+class Timing:
+    """Where one job's time went, in seconds (the answer's x-*-time headers): waiting for its
+    first batch (its tokenization left out), its texts' tokenization, and the inference of
+    the batches its rows ran in."""
+
+    queue: float = 0.0
+    tokenization: float = 0.0
+    inference: float = 0.0
+
+
 @dataclass(eq=False)
 class Queued:
     """One job in the queue, and what became of its rows."""
@@ -130,6 +141,7 @@ class Queued:
     started: bool = False
     nonfinite: bool = False  # a row's outputs hold a NaN or an infinity
     timer: asyncio.TimerHandle | None = None
+    timing: Timing = field(default_factory=Timing)  # the caller's, when it keeps one
 
 
 class JobQueue:
@@ -152,16 +164,26 @@ class JobQueue:
         # Rows of live requests in _rows (dead ones are skipped lazily), and 1 per job not yet
         # tokenized.
         self.depth = 0
+        self.unanswered = 0  # jobs put whose future is not done: 0 = nothing left to answer
         metrics.queue_depth.set_function(lambda: self.depth)
         self.arrived = asyncio.Event()  # set by put(); the worker clears it before it waits
 
-    def put(self, job: Job, deadline: float, loop: asyncio.AbstractEventLoop) -> Queued:
-        """Queue `job` until `deadline` (event loop clock)."""
+    def put(
+        self,
+        job: Job,
+        deadline: float,
+        loop: asyncio.AbstractEventLoop,
+        timing: Timing | None = None,
+    ) -> Queued:
+        """Queue `job` until `deadline` (event loop clock); `timing` gets its stages' times."""
         request = Queued(job, deadline, loop.time(), loop.create_future())
+        if timing is not None:
+            request.timing = timing
         request.timer = loop.call_at(deadline, self._expire, request)
         request.future.add_done_callback(lambda _: self._finished(request))
         self._inbox.append(request)
         self.depth += 1
+        self.unanswered += 1
         self.arrived.set()
         return request
 
@@ -245,6 +267,7 @@ class JobQueue:
 
     def _finished(self, request: Queued) -> None:
         """Done callback of every request's future: an answer, an error, or a cancel."""
+        self.unanswered -= 1
         if request.timer is not None:
             request.timer.cancel()
         if request.future.cancelled():

@@ -146,6 +146,12 @@ class Metrics:
             ["model", "task", "reason"],
             registry=r,
         )
+        self.load_failures = Counter(
+            f"{PREFIX}_model_load_failures",
+            "Packages that failed to load or reload (model control); an old version serves on.",
+            ["model"],
+            registry=r,
+        )
         self.model_info = Gauge(
             f"{PREFIX}_model_info",
             "1 for each loaded package, with the variant and provider it runs on.",

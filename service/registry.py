@@ -16,7 +16,9 @@ while /ready says 503), and /models and /ready's body name the failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-from heads.contract import OUTPUT_NAMES
+from heads.contract import MANIFEST, OUTPUT_NAMES
 from heads.package import ModelPackage, find_packages, read_package
 from heads.rows import encode, load_package_tokenizer, row, template
 from service.batcher import Batcher, pad
@@ -47,11 +49,14 @@ REQUIRED_OUTPUTS = {task: set(names) for task, names in OUTPUT_NAMES.items()}
 class LoadedModel:
     """An opened package: its session, warmed up, and (once served) the batcher that runs it."""
 
-    package: ModelPackage
+    package: ModelPackage  # its name: the folder's, the name it is served under
     tokenizer: Tokenizer
     backend: Backend
     variant: str
     warmup_seconds: float
+    package_name: str  # what package.json calls it, shown by /models where it differs
+    version: str  # the start of package.json's sha256 (which holds every file's)
+    loaded_at: float  # time.time()
     batcher: Batcher = field(init=False)  # set by Registry._serve, on the event loop
 
     @property
@@ -71,8 +76,10 @@ class Entry:
     name: str  # the folder name until package.json is read
     state: Literal["loading", "ready", "failed"] = "loading"
     task: str | None = None
-    error: str | None = None
+    error: str | None = None  # why it does not serve
     model: LoadedModel | None = None
+    reload_error: str | None = None  # why a newer version did not load (this one serves)
+    attempted: str | None = None  # model control: the folder's fingerprint last tried
 
 
 # A fill-mask graph answers (B, T, V) float32 logits: a batch of max_batch_tokens 16,384 rows x
@@ -100,6 +107,21 @@ def sequence_outputs(package: ModelPackage) -> frozenset[str]:
     )
 
 
+def fingerprint(folder: Path) -> str | None:
+    """What model control compares to see a package folder change: package.json's bytes (it
+    holds every file's sha256) and every file's path, size and modification time; None when
+    it cannot be read."""
+    h = hashlib.sha256()
+    try:
+        h.update((folder / MANIFEST).read_bytes())
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            st = path.stat()
+            h.update(f"{path.relative_to(folder)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    except OSError:
+        return None
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class LoadFlags:
     """One byte per worker, shared: set once that worker has tried all its packages."""
@@ -125,6 +147,8 @@ class Registry:
         # With --workers: one flag per worker process, so /ready waits for all of them
         self.load_flags: LoadFlags | None = None
         self._loader: asyncio.Task[None] | None = None
+        self._control = asyncio.Lock()  # one load or unload at a time
+        self._retiring: set[asyncio.Task[None]] = set()  # old versions finishing their queue
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -134,25 +158,20 @@ class Registry:
 
     async def load_all(self) -> None:
         model_dir = self.settings.model_dir
-        self.entries = [Entry(path=p, name=p.name) for p in find_packages(model_dir)]
+        self.entries = [Entry(path=p, name=name) for p, name in self.packages()]
         if not self.entries:
             log.error("no model package under %s", model_dir.resolve())
         for entry in self.entries:
+            entry.attempted = fingerprint(entry.path)
             try:
-                opened = await asyncio.to_thread(self._open, entry.path)
-                if any(e.name == opened.package.name and e.state == "ready" for e in self.entries):
-                    raise ValueError(f"another package is already named {opened.package.name!r}")
+                opened = await asyncio.to_thread(self._open, entry.path, entry.name)
                 self._serve(opened)
                 entry.model = opened
             except Exception as exc:  # any failure stays with this package
                 entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                 log.error("%s: not served: %s", entry.path, entry.error)
             else:
-                entry.state, entry.name, entry.task = (
-                    "ready",
-                    opened.package.name,
-                    opened.package.task,
-                )
+                entry.state, entry.task = "ready", opened.package.task
         self.loaded.set()
         # What loading made (sessions, tokenizers, the app's routes and schemas) lives as long
         # as the process: out of the collector's generations, a full collection no longer walks
@@ -163,10 +182,21 @@ class Registry:
         ready = sum(e.state == "ready" for e in self.entries)
         log.info("%d of %d packages ready", ready, len(self.entries))
 
-    def _open(self, path: Path) -> LoadedModel:
+    def packages(self) -> list[tuple[Path, str]]:
+        """(folder, served name) of each package: model_dir's sub-folders under their names,
+        or model_dir itself when it is one package (under model_name, else its name)."""
+        model_dir = self.settings.model_dir
+        if (model_dir / MANIFEST).is_file():
+            return [(model_dir, self.settings.model_name or model_dir.resolve().name)]
+        return [(p, p.name) for p in find_packages(model_dir)]
+
+    def _open(self, path: Path, name: str) -> LoadedModel:
         """Blocking part of loading (runs in a thread): read, verify, open, warm up."""
         start = time.perf_counter()
         package = read_package(path, verify=self.settings.verify_sha256)
+        # Served under its folder's name, one rule for every package: a user who renames or
+        # copies a folder (models/wnut from runs/wnut-bh/package) asks for the name they see.
+        package_name, package = package.name, dataclasses.replace(package, name=name)
         declared = {o["name"] for o in package.outputs}
         missing = REQUIRED_OUTPUTS[package.task] - declared
         if missing:
@@ -182,7 +212,10 @@ class Registry:
         if missing := declared - set(outputs):
             raise ValueError(f"the graph does not produce outputs {sorted(missing)}")
         log.info("%s: loaded in %.2fs", package.name, time.perf_counter() - start)
-        return LoadedModel(package, tokenizer, backend, variant, seconds)
+        version = hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()[:12]
+        return LoadedModel(
+            package, tokenizer, backend, variant, seconds, package_name, version, time.time()
+        )
 
     def _serve(self, opened: LoadedModel) -> None:
         """Give `opened` its batcher, started on this event loop."""
@@ -211,6 +244,86 @@ class Registry:
         self.metrics.model_info.labels(package.name, package.task, opened.variant, provider).set(1)
         opened.batcher = batcher
 
+    # -- model control: load, reload, unload while serving ------------------------------------
+
+    def entry(self, name: str) -> Entry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+    async def load(self, path: Path, name: str, attempt: str | None = None) -> Entry:
+        """Open the package at `path` and serve it under `name`: beside the version serving
+        now, which keeps answering until the new one is warm; then new requests go to the new
+        version, and the old one finishes what it has queued and is closed. A package that
+        fails to load leaves the old version serving (entry.reload_error says why). One load
+        or unload at a time. `attempt`: the folder fingerprint this load tries (poll mode)."""
+        async with self._control:
+            # A new package joins the entries once it serves (or has failed): /ready does not
+            # drop while it loads.
+            entry = self.entry(name) or Entry(path=path, name=name)
+            entry.attempted = attempt
+            try:
+                opened = await asyncio.to_thread(self._open, path, name)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self.metrics.load_failures.labels(name).inc()
+                self._add(entry)
+                if entry.model is not None:
+                    entry.reload_error = error
+                    log.error("%s: new version not served, the old one serves: %s", name, error)
+                else:
+                    entry.state, entry.error = "failed", error
+                    log.error("%s: not served: %s", path, error)
+                raise
+            self._serve(opened)
+            self._add(entry)
+            old, entry.model, entry.path = entry.model, opened, path
+            entry.state, entry.task, entry.error, entry.reload_error = (
+                "ready", opened.package.task, None, None
+            )  # fmt: skip
+            log.info("%s: version %s serving", name, opened.version)
+            if old is not None:
+                self._retire(old)
+            return entry
+
+    def _add(self, entry: Entry) -> None:
+        if entry not in self.entries:
+            self.entries = sorted([*self.entries, entry], key=lambda e: e.name)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name`: new requests get 404, queued ones finish (within
+        drain_timeout, then 503)."""
+        async with self._control:
+            entry = self.entry(name)
+            if entry is None:
+                raise ModelNotFound(f"no model named {name!r}; GET /models lists them")
+            self.entries = [e for e in self.entries if e is not entry]
+            if entry.model is not None:
+                self._retire(entry.model)
+            log.info("%s: unloaded", name)
+
+    def _retire(self, model: LoadedModel) -> None:
+        task = asyncio.create_task(self._drain_and_close(model), name=f"retire-{model.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _drain_and_close(self, model: LoadedModel) -> None:
+        """Let `model`'s batcher answer what it holds, then stop it and let its session go."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout
+        while not model.batcher.idle and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await model.batcher.stop()  # anything still queued past the deadline: 503
+        del model
+        # The first load froze what it made out of the collector's reach (load_all): thaw it
+        # so that a retired version's cycles can go, then freeze what serves again.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    async def retired(self) -> None:
+        """Wait until every retired version is closed (tests, shutdown)."""
+        while self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
     async def shutdown(self, drain_timeout: float) -> None:
         """Refuse new requests (and /ready), let in-flight ones finish, stop the workers."""
         self.draining = True
@@ -224,6 +337,7 @@ class Registry:
         for entry in self.entries:
             if entry.model is not None:
                 await entry.model.batcher.stop()
+        await self.retired()
 
     # -- queries ---------------------------------------------------------------------------
 

@@ -506,10 +506,21 @@ class Limits(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    name: str
+    name: str = Field(description="The name it is served under: its folder's.")
+    package_name: str | None = Field(
+        default=None,
+        description="The name its package.json gives, when that differs from the folder's.",
+    )
     path: str
     state: Literal["loading", "ready", "failed"]
     error: str | None = None
+    version: str | None = Field(
+        default=None, description="The start of package.json's sha256 (it holds every file's)."
+    )
+    loaded_at: float | None = Field(default=None, description="When it was loaded (Unix time).")
+    reload_error: str | None = Field(
+        default=None, description="Why a newer version did not load; this version serves on."
+    )
     task: str | None = None
     labels: list[str] | None = None
     problem_type: str | None = None

@@ -7,10 +7,11 @@ environment. Each description says what the knob trades off.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Variant = Literal["auto", "fp32", "int8", "fp16"]
@@ -24,7 +25,13 @@ class Settings(BaseSettings):
     # Where and what to serve
     model_dir: Path = Field(
         default=Path("./models"),
-        description="Folder of model packages (one sub-folder each); all are loaded at start-up.",
+        description="Folder of model packages (one sub-folder each, served under its name), "
+        "or one package folder itself (KServe's /mnt/models); all are loaded at start-up.",
+    )
+    model_name: str | None = Field(
+        default=None,
+        description="When model_dir is one package folder: the name it is served under "
+        "(KServe passes the InferenceService's); default the folder's name.",
     )
     host: str = Field(
         default="127.0.0.1",
@@ -132,7 +139,29 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None,
         description="When set, every route except /health and /ready needs "
-        "'Authorization: Bearer <key>'; unset or empty = open (put it behind a trusted network).",
+        "'Authorization: Bearer <key>'; several keys separated by commas are each accepted "
+        "(rotation); unset or empty = open (put it behind a trusted network).",
+    )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="A file of inference keys, one per line (# comments), accepted beside "
+        "api_key and read again within a second of a change: rotate keys without a restart.",
+    )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        description="The key of POST /models/{name}/load and /unload (model_control explicit); "
+        "never accepted for inference, nor an inference key here.",
+    )
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        default="none",
+        description="none: the packages found at start; poll: follow model_dir (new, changed, "
+        "removed folders); explicit: load/unload by POST with the admin key (Triton's modes).",
+    )
+    poll_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="model_control poll: seconds between looks at model_dir; a folder loads "
+        "once unchanged for one interval.",
     )
     protect_metrics: bool = Field(
         default=False,
@@ -162,6 +191,35 @@ class Settings(BaseSettings):
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
         return value
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _keys_file_is_readable(cls, value: Path | None) -> Path | None:
+        if value is not None and not os.access(value, os.R_OK):
+            raise ValueError(f"{value}: no such file, or not readable")
+        return value
+
+    @field_validator("admin_key", mode="before")
+    @classmethod
+    def _empty_admin_key_is_none(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _model_control_is_safe(self) -> Settings:
+        if self.model_control == "explicit" and self.admin_key is None:
+            raise ValueError("model_control explicit needs an admin_key (BERT_HEADS_ADMIN_KEY)")
+        if self.model_control == "poll" and not self.verify_sha256:
+            raise ValueError(
+                "model_control poll needs verify_sha256: the hashes are what keep a "
+                "half-copied package from loading"
+            )
+        admin = self.admin_key.get_secret_value().strip() if self.admin_key else None
+        keys = self.api_key.get_secret_value().split(",") if self.api_key else []
+        if admin is not None and admin in {k.strip() for k in keys}:
+            raise ValueError("admin_key must not also be an inference key (api_key)")
+        return self
 
     @field_validator("cors_origins", mode="before")
     @classmethod

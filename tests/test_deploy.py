@@ -124,3 +124,57 @@ def test_compose_config_is_valid(profiles):
         pytest.skip("docker compose is not installed")
     args = [docker, "compose", *[a for p in profiles for a in ("--profile", p)], "config", "-q"]
     subprocess.run(args, cwd=REPO, check=True)
+
+
+# -- KServe (k8s/kserve): no cluster and no KServe CRD schema here, so the two custom resources
+# are checked structurally: the fields KServe reads, their core parts (the container, the
+# resources) against Kubernetes' own schema, and the runtime's args parsed by the service.
+
+
+@pytest.fixture(scope="module")
+def kserve() -> dict[str, dict]:
+    return {d["kind"]: d for d in render("k8s/kserve")}
+
+
+def test_the_kserve_runtime_runs_this_image_with_the_v2_protocol(kserve, tmp_path):
+    from heads.package import FORMAT_VERSION
+    from service.__main__ import parse_settings
+
+    runtime = kserve["ServingRuntime"]
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    spec = runtime["spec"]
+    assert spec["protocolVersions"] == ["v2"]
+    assert spec["supportedModelFormats"] == [
+        {"name": "bert-heads", "version": str(FORMAT_VERSION), "autoSelect": True}
+    ]
+    (container,) = spec["containers"]
+    assert container["name"] == "kserve-container"  # the name KServe looks for
+    kv = pytest.importorskip("kubernetes_validate")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [container]}}  # fmt: skip
+    kv.validate(pod, K8S_VERSION, strict=True)
+    # KServe fills {{.Name}} with the InferenceService's name; the service parses the rest
+    package = tmp_path / "mnt-models"
+    package.mkdir()
+    args = [a.replace("{{.Name}}", "sentiment").replace("/mnt/models", str(package)) for a in container["args"]]  # fmt: skip
+    settings = parse_settings(args)
+    assert (settings.model_dir, settings.model_name, settings.port) == (package, "sentiment", 8080)
+    # the probes are the protocol's, and the service answers them
+    from service.app import create_app
+
+    paths = create_app(settings).openapi()["paths"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] in paths
+
+
+def test_the_example_inference_service_uses_the_runtime(kserve):
+    runtime, isvc = kserve["ServingRuntime"], kserve["InferenceService"]
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1"
+    model = isvc["spec"]["predictor"]["model"]
+    fmt = runtime["spec"]["supportedModelFormats"][0]
+    assert model["modelFormat"] == {"name": fmt["name"], "version": fmt["version"]}
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["protocolVersion"] == "v2" and model["storageUri"].startswith("pvc://")
+    kv = pytest.importorskip("kubernetes_validate")
+    container = {"name": "x", "image": "x", "resources": model["resources"]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [container]}}  # fmt: skip
+    kv.validate(pod, K8S_VERSION, strict=True)

@@ -17,6 +17,7 @@ from service.routes import (
     qa,
     rerank,
     tokenize,
+    v2,
     zero_shot,
 )
 from service.routes import metrics as metrics_route
@@ -32,8 +33,11 @@ ROUTERS = [
     rerank.router,
     tokenize.router,
     models.router,
+    models.control,
     probes.router,
     metrics_route.router,
+    v2.open_router,
+    v2.router,
 ]
 
 

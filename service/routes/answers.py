@@ -16,6 +16,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for status, what in {
         400: "the body is not UTF-8 (or not JSON the server can parse)",
         401: "missing or wrong API key",
+        403: "model control is off (load / unload)",
         404: "no such model",
         413: "body, input count or text length over the limits",
         422: "invalid request (the message names the field)",

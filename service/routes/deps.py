@@ -3,12 +3,12 @@ and the API key check (the inference routes take theirs in service.routes.infere
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from service.errors import Unauthorized
+from service.keys import Keys
 from service.registry import Registry
 from service.settings import Settings
 
@@ -30,22 +30,21 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def require_api_key(request: Request, settings: SettingsDep) -> None:
-    """401 unless `Authorization: Bearer <api_key>` matches (when an api_key is set)."""
-    if settings.api_key is None:
+def require_api_key(request: Request) -> None:
+    """401 unless `Authorization: Bearer <key>` names a key in force (when any is set)."""
+    keys: Keys = request.app.state.keys
+    if not keys.enabled:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = settings.api_key.get_secret_value().encode()
-    # compare_digest: the time taken does not tell how much of the key was right
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+    if scheme.lower() != "bearer" or not keys.accepts(token.strip().encode()):
         raise Unauthorized(
             "missing or wrong API key: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
 
 
-async def _check_api_key(request: Request, settings: SettingsDep) -> None:
-    require_api_key(request, settings)
+async def _check_api_key(request: Request) -> None:
+    require_api_key(request)
 
 
 ApiKey = Depends(_check_api_key)

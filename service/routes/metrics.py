@@ -16,5 +16,5 @@ PROMETHEUS_TEXT = {"description": "Prometheus text format", "content": {"text/pl
 @router.get("/metrics", response_class=Response, responses={200: PROMETHEUS_TEXT, 401: ERRORS[401]})
 async def metrics(request: Request, registry: RegistryDep, settings: SettingsDep) -> Response:
     if settings.protect_metrics:
-        require_api_key(request, settings)
+        require_api_key(request)
     return Response(registry.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import hmac
+from typing import Any
 
+from fastapi import APIRouter, Depends, Request
+
+from heads.rows import InvalidInput
 from heads.tasks import embed
+from service.errors import Forbidden, InputError, ServiceError, Unauthorized
 from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOINTS
 from service.registry import Entry
 from service.routes.answers import ERRORS
@@ -12,17 +17,28 @@ from service.routes.deps import ApiKey, RegistryDep
 from service.schemas import Limits, ModelInfo, ModelsResponse
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
+control = APIRouter(tags=["model control"])
 
 
 def describe(entry: Entry) -> ModelInfo:
     info = ModelInfo(
-        name=entry.name, path=str(entry.path), state=entry.state, error=entry.error, task=entry.task
+        name=entry.name,
+        path=str(entry.path),
+        state=entry.state,
+        error=entry.error,
+        task=entry.task,
+        reload_error=entry.reload_error,
     )
     if entry.model is None:
         return info
     p = entry.model.package
     return info.model_copy(
         update={
+            "version": entry.model.version,
+            "loaded_at": round(entry.model.loaded_at, 3),
+            "package_name": entry.model.package_name
+            if entry.model.package_name != p.name
+            else None,
             "labels": p.labels,
             "problem_type": p.problem_type,
             "pooling": p.pooling,
@@ -55,3 +71,56 @@ async def list_models(registry: RegistryDep) -> ModelsResponse:
         request_timeout=s.request_timeout,
     )
     return ModelsResponse(models=[describe(e) for e in registry.entries], limits=limits)
+
+
+# -- model control (explicit): the admin key only ---------------------------------------------
+
+
+def require_admin_key(request: Request) -> None:
+    """403 unless model_control is explicit; 401 unless `Authorization: Bearer <admin_key>`
+    (an inference key is not one)."""
+    settings = request.app.state.settings
+    if settings.model_control != "explicit" or settings.admin_key is None:
+        raise Forbidden(
+            "model control is off: start with BERT_HEADS_MODEL_CONTROL=explicit and "
+            "BERT_HEADS_ADMIN_KEY to load and unload by request"
+        )
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    expected = settings.admin_key.get_secret_value().strip().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        raise Unauthorized(
+            "missing or wrong admin key: send 'Authorization: Bearer <admin key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+AdminKey = Depends(require_admin_key)
+CONTROL_ERRORS: dict[int | str, dict[str, Any]] = {k: ERRORS[k] for k in (401, 403, 404, 422)}
+
+
+@control.post(
+    "/models/{name}/load",
+    response_model=ModelInfo,
+    responses=CONTROL_ERRORS,
+    dependencies=[AdminKey],
+)
+async def load_model(name: str, request: Request) -> ModelInfo:
+    """Load model_dir/<name>, or reload it: the new version opens and warms up beside the one
+    serving, then takes the new requests; a package that fails leaves the old one serving
+    (422 says why)."""
+    engine = request.app.state.engine
+    try:
+        await engine.load(name)
+    except (ServiceError, InvalidInput):
+        raise
+    except Exception as exc:
+        raise InputError(f"model {name!r} did not load: {type(exc).__name__}: {exc}") from None
+    entry = engine.registry.entry(name)
+    return describe(entry)
+
+
+@control.post("/models/{name}/unload", responses=CONTROL_ERRORS, dependencies=[AdminKey])
+async def unload_model(name: str, request: Request) -> dict[str, str]:
+    """Stop serving `name`: new requests get 404, the ones it holds finish."""
+    await request.app.state.engine.unload(name)
+    return {"name": name, "state": "unloaded"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from service.registry import Entry
 from service.routes.deps import RegistryDep
 from service.schemas import Health, Readiness
 
@@ -24,8 +25,14 @@ async def health(registry: RegistryDep) -> JSONResponse:
 @router.get("/ready", response_model=Readiness, responses={503: {"model": Readiness}})
 async def ready(registry: RegistryDep) -> JSONResponse:
     ok, status = registry.readiness()
-    models = {
-        e.name: e.state if e.error is None else f"failed: {e.error}" for e in registry.entries
-    }
+    models = {e.name: _state(e) for e in registry.entries}
     body = Readiness(ready=ok, status=status, models=models)  # type: ignore[arg-type]
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+def _state(entry: Entry) -> str:
+    if entry.error is not None:
+        return f"failed: {entry.error}"
+    if entry.reload_error is not None:  # the version loaded before serves on
+        return f"{entry.state}; a new version failed: {entry.reload_error}"
+    return entry.state

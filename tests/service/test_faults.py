@@ -118,16 +118,21 @@ async def test_allow_partial_reports_ready_while_one_package_is_refused(
         assert ready.json()["models"]["minilm"].startswith("failed: ")
 
 
-async def test_two_packages_with_one_name_serve_the_first_only(
+async def test_a_package_is_served_under_its_folders_name(
     tmp_path: Path, make_package: Callable[..., Path]
 ) -> None:
+    """Two folders whose package.json give one name: both served, each under its folder's name,
+    and /models shows the package's own name where it differs."""
     make_package(tmp_path, "classification")
     make_package(tmp_path, "classification", "sst2-copy")
     _edit_manifest(tmp_path / "sst2-copy", name="sst2")  # package.json is not hashed
     async with serve(Settings(model_dir=tmp_path)) as s:
         models = {m["name"]: m for m in (await s.client.get("/models")).json()["models"]}
-        assert models["sst2"]["state"] == "ready"
-        assert "already named 'sst2'" in models["sst2-copy"]["error"]
+        assert models["sst2"]["state"] == models["sst2-copy"]["state"] == "ready"
+        assert models["sst2-copy"]["package_name"] == "sst2"
+        assert models["sst2"]["package_name"] is None  # the same name: shown once
+        r = await s.client.post("/classify", json={"inputs": "good", "model": "sst2-copy"})
+        assert r.status_code == 200, r.text
 
 
 TEXTS = ["good", "good film", "a good film", "a good old film", "a very good old film"]

@@ -4,6 +4,7 @@ batcher like every task; /models names the endpoints; the bad input is a clear 4
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -145,3 +146,22 @@ async def test_without_a_name_each_endpoint_picks_its_kind(served: Service, tmp_
     """/embed with one dense and several sparse packages loaded: the dense one serves it."""
     answer = await post(served, "/embed", {"inputs": "a cat"})
     assert len(answer) == 1
+
+
+async def test_the_v2_protocol_answers_as_fill_mask_and_embed_sparse(served: Service):
+    """Open Inference Protocol: each text's native answer as JSON in a BYTES element."""
+    texts = {"bert": ["Paris is the [MASK] of France.", "a [MASK] sat"]}
+    for kind, path, output, native_body in (
+        ("fill", "/fill-mask", "predictions", {"top_k": 3}),
+        ("sparse", "/embed_sparse", "sparse", {}),
+    ):
+        name = model("bert", kind)
+        body = {
+            "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": texts["bert"]}],
+            "parameters": native_body,
+        }
+        answer = await post(served, f"/v2/models/{name}/infer", body)
+        (out,) = answer["outputs"]
+        assert (out["name"], out["datatype"], out["shape"]) == (output, "BYTES", [2])
+        native = await post(served, path, {"inputs": texts["bert"], "model": name, **native_body})
+        assert [json.loads(x) for x in out["data"]] == native

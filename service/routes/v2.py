@@ -1,0 +1,474 @@
+"""The Open Inference Protocol (KServe v2, Triton's HTTP/REST API) for every package: server and
+model health, model metadata, and `POST /v2/models/{name}/infer`, through the same engine,
+batcher, limits and API key as the native routes. Errors are the protocol's `{"error": "..."}`
+with the native routes' status codes.
+
+Tensors per task (text travels as BYTES, one element per input; answers with a structure as
+JSON text in BYTES elements). `parameters` of the request take the native options:
+
+| task | inputs | outputs | parameters |
+|---|---|---|---|
+| classification | `text` BYTES [N], optional `text_pair` BYTES [N] | `label` BYTES [N], `score` FP32 [N], `scores` FP32 [N, L] (labels in the metadata's order) | function_to_apply, truncate, truncation_direction |
+| token-classification | `text` BYTES [N] | `entities` BYTES [N]: each a JSON list of /ner's entities | aggregation_strategy, ignore_labels, stride |
+| question-answering | `question` BYTES [N], `context` BYTES [N] | `answer` BYTES [N], `score` FP32 [N], `start` INT64 [N], `end` INT64 [N] (no answer: "", 0, -1, -1) | max_answer_len, max_seq_len, doc_stride, handle_impossible_answer |
+| embedding | `text` BYTES [N] | `embedding` FP32 [N, D] | normalize, truncate, truncation_direction, prompt_name, dimensions |
+| embedding (SPLADE) | `text` BYTES [N] | `sparse` BYTES [N]: each a JSON list of {index, value} | truncate, truncation_direction, prompt_name |
+| fill-mask | `text` BYTES [N] | `predictions` BYTES [N]: each the JSON of /fill-mask's answer | top_k, targets |
+
+Tensor `data` may be flat (row-major) or nested; answers are flat. A request's `outputs`
+picks which outputs come back (all by default). Not supported: the binary tensor data
+extension (`binary_data_size`) and shared memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from heads.package import ModelPackage
+from service.engine import Engine
+from service.http import describe_validation, error_for
+from service.registry import Entry, LoadedModel, Registry
+from service.routes.deps import ApiKey
+from service.schemas import (
+    ClassifyRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    NerRequest,
+    QaRequest,
+    SparseEmbedRequest,
+)
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
+open_router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
+
+
+class Tensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any]
+
+
+class RequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None = None
+
+
+class V2ErrorBody(BaseModel):
+    error: str
+
+
+def _documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": V2ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+WHY = {
+    400: "a request the protocol refuses: tensor names, shapes, datatypes, parameters",
+    401: "missing or wrong API key",
+    404: "no such model or version",
+    413: "inputs or characters over the limits",
+    422: "inputs the model cannot take (the native routes' 422)",
+    429: "too many requests in flight; retry after Retry-After seconds",
+    503: "not ready, shutting down, timed out, or the backend failed this batch",
+}
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its $defs put in place (the OpenAPI page shows it whole)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+class V2Error(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# -- the mapping: one Task per package kind ----------------------------------------------------
+
+Outputs = dict[str, tuple[str, list[int], list[Any]]]  # name -> (datatype, shape, flat data)
+
+
+class Task:
+    """How one kind of package speaks v2: its tensors, and its run through the engine. The
+    request's `parameters` are checked by the native route's schema (the same names, types and
+    limits), as the `body` `run` gets."""
+
+    inputs: dict[str, bool]  # input name -> required
+    outputs: dict[str, str]  # output name -> datatype
+    parameters: tuple[str, ...]
+    schema: type[BaseModel]
+
+    def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
+        return {name: [-1] for name in self.outputs}
+
+    def native(self, texts: dict[str, list[str]]) -> dict[str, Any]:
+        """The native body's inputs for these tensors."""
+        return {"inputs": texts["text"]}
+
+    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+        raise NotImplementedError
+
+
+def _json(items: list[Any]) -> list[str]:
+    return [json.dumps(item, ensure_ascii=False) for item in items]
+
+
+class Classify(Task):
+    inputs = {"text": True, "text_pair": False}
+    outputs = {"label": "BYTES", "score": "FP32", "scores": "FP32"}
+    parameters = ("function_to_apply", "truncate", "truncation_direction")
+    schema = ClassifyRequest
+
+    def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
+        return {"label": [-1], "score": [-1], "scores": [-1, len(package.labels or [])]}
+
+    def native(self, texts: dict[str, list[str]]) -> dict[str, Any]:
+        pairs = texts.get("text_pair")
+        if pairs is None:
+            return {"inputs": texts["text"]}
+        return {"inputs": [[a, b] for a, b in zip(texts["text"], pairs, strict=True)]}
+
+    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+        inputs = [tuple(x) if isinstance(x, list) else x for x in body.inputs]
+        ranked = await engine.classify(
+            inputs, model=model.name, top_k=None, function_to_apply=body.function_to_apply,
+            truncate=body.truncate, truncation_direction=body.truncation_direction,
+        )  # fmt: skip
+        labels = model.package.labels or []
+        order = {label: i for i, label in enumerate(labels)}
+        scores = np.zeros((len(ranked), len(labels)), dtype=np.float32)
+        for row, answer in zip(scores, ranked, strict=True):
+            for item in answer:
+                row[order[item["label"]]] = item["score"]
+        n = len(ranked)
+        return {
+            "label": ("BYTES", [n], [a[0]["label"] for a in ranked]),
+            "score": ("FP32", [n], [float(a[0]["score"]) for a in ranked]),
+            "scores": ("FP32", [n, len(labels)], scores.ravel().tolist()),
+        }
+
+
+class Qa(Task):
+    inputs = {"question": True, "context": True}
+    outputs = {"answer": "BYTES", "score": "FP32", "start": "INT64", "end": "INT64"}
+    parameters = ("max_answer_len", "max_seq_len", "doc_stride", "handle_impossible_answer")
+    schema = QaRequest
+
+    def native(self, texts: dict[str, list[str]]) -> dict[str, Any]:
+        pairs = zip(texts["question"], texts["context"], strict=True)
+        return {"inputs": [{"question": q, "context": c} for q, c in pairs]}
+
+    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+        spans = await engine.qa(
+            [(x.question, x.context) for x in body.inputs], model=model.name,
+            max_answer_len=body.max_answer_len, max_seq_len=body.max_seq_len,
+            doc_stride=body.doc_stride, handle_impossible_answer=body.handle_impossible_answer,
+        )  # fmt: skip
+        best = [s or {"answer": "", "score": 0.0, "start": -1, "end": -1} for s in spans]
+        n = len(best)
+        return {
+            "answer": ("BYTES", [n], [b["answer"] for b in best]),
+            "score": ("FP32", [n], [float(b["score"]) for b in best]),
+            "start": ("INT64", [n], [int(b["start"]) for b in best]),
+            "end": ("INT64", [n], [int(b["end"]) for b in best]),
+        }
+
+
+class Embed(Task):
+    inputs = {"text": True}
+    outputs = {"embedding": "FP32"}
+    parameters = ("normalize", "truncate", "truncation_direction", "prompt_name", "dimensions")
+    schema = EmbedRequest
+
+    def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
+        return {"embedding": [-1, -1]}
+
+    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+        found = await engine.embed(
+            body.inputs, model=model.name, normalize=body.normalize, truncate=body.truncate,
+            truncation_direction=body.truncation_direction, prompt_name=body.prompt_name,
+            dimensions=body.dimensions,
+        )  # fmt: skip
+        vectors = np.asarray(found, np.float32)
+        return {"embedding": ("FP32", list(vectors.shape), vectors.ravel().tolist())}
+
+
+class JsonPerText(Task):
+    """Texts in, per text the native route's answer as JSON text in one BYTES element (NER,
+    SPLADE, fill-mask): the engine `method` with the body's `parameters`."""
+
+    inputs = {"text": True}
+
+    def __init__(
+        self, output: str, method: str, parameters: tuple[str, ...], schema: type[BaseModel]
+    ) -> None:
+        self.output, self.method = output, method
+        self.outputs, self.parameters, self.schema = {output: "BYTES"}, parameters, schema
+
+    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+        options = {p: getattr(body, p) for p in self.parameters}
+        found = await getattr(engine, self.method)(body.inputs, model=model.name, **options)
+        return {self.output: ("BYTES", [len(found)], _json(found))}
+
+
+def task_of(package: ModelPackage) -> Task:
+    kinds: dict[str, Callable[[], Task]] = {
+        "classification": Classify,
+        "token-classification": lambda: JsonPerText(
+            "entities", "ner", ("aggregation_strategy", "ignore_labels", "stride"), NerRequest
+        ),
+        "question-answering": Qa,
+        "fill-mask": lambda: JsonPerText(
+            "predictions", "fill_mask", ("top_k", "targets"), FillMaskRequest
+        ),
+    }
+    if package.task == "embedding" and package.sparse:
+        return JsonPerText(
+            "sparse", "embed_sparse", ("truncate", "truncation_direction", "prompt_name"),
+            SparseEmbedRequest,
+        )  # fmt: skip
+    return Embed() if package.task == "embedding" else kinds[package.task]()
+
+
+# -- the routes --------------------------------------------------------------------------------
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def model_version(model: LoadedModel) -> str:
+    """The package's version: the start of package.json's sha256 (it holds every file's)."""
+    manifest = model.package.path / "package.json"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
+
+
+def _entry(registry: Registry, name: str, version: str | None) -> Entry:
+    entry = next((e for e in registry.entries if e.name == name), None)
+    if entry is None:
+        raise V2Error(404, f"no model named {name!r}; GET /models lists the loaded ones")
+    if version is not None and (entry.model is None or version != model_version(entry.model)):
+        raise V2Error(404, f"model {name!r} has no version {version!r}")
+    return entry
+
+
+@open_router.get("", summary="Server metadata")
+async def server_metadata() -> JSONResponse:
+    try:
+        v = version("bert-heads")
+    except PackageNotFoundError:
+        v = "unknown"
+    return JSONResponse({"name": "bert-heads", "version": v, "extensions": []})
+
+
+@open_router.get("/health/live", summary="Server live")
+async def server_live() -> JSONResponse:
+    return JSONResponse({"live": True})
+
+
+@open_router.get(
+    "/health/ready",
+    summary="Server ready (200), or not (503)",
+    responses={503: {"description": "not ready"}},
+)
+async def server_ready(request: Request) -> JSONResponse:
+    ok, _ = request.app.state.registry.readiness()
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+def _both(path: str) -> list[str]:
+    return [f"/models/{{name}}{path}", f"/models/{{name}}/versions/{{version}}{path}"]
+
+
+async def _model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
+    try:
+        entry = _entry(request.app.state.registry, name, version)
+    except V2Error as e:
+        return _error(e.status, e.message)
+    ok = entry.state == "ready"
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+
+async def _model_metadata(request: Request, name: str, version: str | None = None) -> JSONResponse:
+    try:
+        entry = _entry(request.app.state.registry, name, version)
+    except V2Error as e:
+        return _error(e.status, e.message)
+    if entry.model is None:
+        return _error(503 if entry.state == "loading" else 404, f"model {name!r} is {entry.state}")
+    package, task = entry.model.package, task_of(entry.model.package)
+    shapes = task.shapes(package)
+    return JSONResponse(
+        {
+            "name": name,
+            "versions": [model_version(entry.model)],
+            "platform": "onnxruntime_onnx",
+            "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in task.inputs],
+            "outputs": [
+                {"name": n, "datatype": dt, "shape": shapes[n]} for n, dt in task.outputs.items()
+            ],
+            "parameters": {
+                "task": package.task,
+                "labels": package.labels,
+                "max_seq_length": package.max_seq_length,
+                "optional_inputs": [n for n, required in task.inputs.items() if not required],
+                "accepted_parameters": list(task.parameters),
+            },
+        }
+    )
+
+
+async def _infer(request: Request, name: str, version: str | None = None) -> JSONResponse:
+    engine: Engine = request.app.state.engine
+    registry: Registry = request.app.state.registry
+    start, status, task_name = time.perf_counter(), 500, ""
+    try:
+        entry = _entry(registry, name, version)
+        try:
+            body = InferRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            errors = [dict(err) for err in exc.errors(include_url=False)]
+            raise V2Error(400, describe_validation(errors)) from None
+        model = registry.select(None, name, f"/v2/models/{name}/infer")
+        task_name = entry.task or ""
+        task = task_of(model.package)
+        native = _native(task, _texts(body, task), body.parameters, model.package.task)
+        outputs = await task.run(engine, model, native)
+        wanted = [o.name for o in body.outputs] if body.outputs else list(outputs)
+        if unknown := [w for w in wanted if w not in outputs]:
+            raise V2Error(400, f"no output {unknown[0]!r}; this model has {list(outputs)}")
+        answer: dict[str, Any] = {"model_name": name, "model_version": model_version(model)}
+        if body.id is not None:
+            answer["id"] = body.id
+        answer["outputs"] = [
+            {"name": w, "datatype": outputs[w][0], "shape": outputs[w][1], "data": outputs[w][2]}
+            for w in wanted
+        ]
+        status = 200
+        return JSONResponse(answer)
+    except V2Error as e:
+        status = e.status
+        return _error(e.status, e.message)
+    except Exception as exc:  # the native routes' mapping: 4xx for what the caller can fix
+        status, message, _, headers = error_for(exc, request)
+        response = _error(status, message)
+        response.headers.update(headers or {})
+        return response
+    finally:
+        registry.metrics.answered(
+            name, task_name, "/v2/models/{name}/infer", status, time.perf_counter() - start
+        )
+
+
+def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:
+    """Each input tensor's texts, checked against the model's inputs."""
+    given = {t.name: t for t in body.inputs}
+    if unknown := [n for n in given if n not in task.inputs]:
+        raise V2Error(400, f"unexpected input {unknown[0]!r}; this model takes {list(task.inputs)}")
+    if missing := [n for n, required in task.inputs.items() if required and n not in given]:
+        raise V2Error(400, f"missing input {missing[0]!r}; this model takes {list(task.inputs)}")
+    texts: dict[str, list[str]] = {}
+    sizes: set[int] = set()
+    for name, tensor in given.items():
+        if tensor.datatype != "BYTES":
+            raise V2Error(400, f"input {name!r} must be BYTES (text), not {tensor.datatype}")
+        if (tensor.parameters or {}).get("binary_data_size") is not None:
+            raise V2Error(400, "the binary tensor data extension is not supported: send JSON data")
+        flat = _flatten(tensor.data)
+        if int(np.prod(tensor.shape)) != len(flat) or len(tensor.shape) != 1:
+            raise V2Error(
+                400, f"input {name!r}: shape {tensor.shape} but {len(flat)} elements; send [N]"
+            )
+        if not all(isinstance(x, str) for x in flat):
+            raise V2Error(400, f"input {name!r}: every element must be a string")
+        texts[name] = flat
+        sizes.add(len(flat))
+    if len(sizes) > 1:
+        raise V2Error(400, f"inputs {list(given)} must have the same number of elements")
+    return texts
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in data:
+        out.extend(_flatten(x) if isinstance(x, list) else [x])
+    return out
+
+
+def _native(task: Task, texts: dict[str, list[str]], params: dict[str, Any], kind: str) -> Any:
+    """The native route's body for this request: its schema checks the parameters."""
+    if unknown := [p for p in params if p not in task.parameters]:
+        raise V2Error(
+            400,
+            f"parameter {unknown[0]!r} is not one a {kind} model takes; these are: "
+            f"{', '.join(task.parameters)}",
+        )
+    try:
+        # as JSON, as the native routes parse theirs (strict: no "3" for 3)
+        return task.schema.model_validate_json(json.dumps({**task.native(texts), **params}))
+    except ValidationError as exc:
+        errors = [dict(err) for err in exc.errors(include_url=False)]
+        raise V2Error(400, describe_validation(errors)) from None
+
+
+def _route(
+    handler: Callable[..., Awaitable[JSONResponse]],
+    method: str,
+    suffix: str,
+    summary: str,
+    statuses: tuple[int, ...],
+    body: type[BaseModel] | None = None,
+) -> None:
+    extra = None
+    if body is not None:  # read by the handler itself, to answer the protocol's 400s
+        schema = _inline(body.model_json_schema())
+        extra = {
+            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
+        }
+    for path in _both(suffix):
+        router.add_api_route(
+            path, handler, methods=[method], summary=summary, dependencies=[ApiKey],
+            responses=_documented(*statuses), openapi_extra=extra,
+        )  # fmt: skip
+
+
+_route(_model_metadata, "GET", "", "Model metadata: inputs, outputs, versions", (401, 404, 503))
+_route(_model_ready, "GET", "/ready", "Model ready (200), or not (503)", (401, 404, 503))
+_route(
+    _infer,
+    "POST",
+    "/infer",
+    "Inference (see the README's table for each task's tensors)",
+    (400, 401, 404, 413, 422, 429, 503),
+    InferRequest,
+)
