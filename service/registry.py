@@ -16,6 +16,8 @@ while /ready says 503), and /models and /ready's body name the failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import dataclasses
 import gc
 import hashlib
@@ -105,6 +107,14 @@ def sequence_outputs(package: ModelPackage) -> frozenset[str]:
         for o in package.outputs
         if len(o.get("shape", [])) > 1 and o["shape"][1] == "sequence"
     )
+
+
+def _give_back_free_memory() -> None:
+    """glibc keeps what a closed session freed in its arenas; malloc_trim hands it back to the
+    system (measured: 10 reloads of an 87 MB package under 32 clients ended at 388-507 MB of RSS
+    from 221 without it, 314 with it). No-op off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def fingerprint(folder: Path) -> str | None:
@@ -318,6 +328,7 @@ class Registry:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+        _give_back_free_memory()
 
     async def retired(self) -> None:
         """Wait until every retired version is closed (tests, shutdown)."""
