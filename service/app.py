@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None) -> App:
     )
     app.state.settings, app.state.engine = settings, engine
     app.state.keys = Keys(settings.api_key, settings.api_keys_file)
+    app.state.admin_keys = Keys(settings.admin_key, None)
     app.state.registry, app.state.metrics = registry, metrics
     app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
     install_error_handlers(app)

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.keys import parse_keys
+
 Variant = Literal["auto", "fp32", "int8", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -183,7 +185,7 @@ class Settings(BaseSettings):
         default="info", description="Log verbosity; debug logs every batch (noisy under load)."
     )
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "admin_key", mode="before")
     @classmethod
     def _empty_key_is_no_key(cls, value: object) -> object:
         # Compose and Kubernetes pass an unset variable as "": that must not become a key
@@ -199,13 +201,6 @@ class Settings(BaseSettings):
             raise ValueError(f"{value}: no such file, or not readable")
         return value
 
-    @field_validator("admin_key", mode="before")
-    @classmethod
-    def _empty_admin_key_is_none(cls, value: object) -> object:
-        if value is None or (isinstance(value, str) and not value.strip()):
-            return None
-        return value
-
     @model_validator(mode="after")
     def _model_control_is_safe(self) -> Settings:
         if self.model_control == "explicit" and self.admin_key is None:
@@ -215,9 +210,9 @@ class Settings(BaseSettings):
                 "model_control poll needs verify_sha256: the hashes are what keep a "
                 "half-copied package from loading"
             )
-        admin = self.admin_key.get_secret_value().strip() if self.admin_key else None
-        keys = self.api_key.get_secret_value().split(",") if self.api_key else []
-        if admin is not None and admin in {k.strip() for k in keys}:
+        admin = parse_keys(self.admin_key.get_secret_value(), ",") if self.admin_key else set()
+        keys = parse_keys(self.api_key.get_secret_value(), ",") if self.api_key else set()
+        if admin & keys:
             raise ValueError("admin_key must not also be an inference key (api_key)")
         return self
 

@@ -30,17 +30,21 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def require_api_key(request: Request) -> None:
-    """401 unless `Authorization: Bearer <key>` names a key in force (when any is set)."""
-    keys: Keys = request.app.state.keys
+def require_bearer(request: Request, keys: Keys, what: str) -> None:
+    """401 unless `Authorization: Bearer <key>` names one of `keys` (when any is set)."""
     if not keys.enabled:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not keys.accepts(token.strip().encode()):
         raise Unauthorized(
-            "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            f"missing or wrong {what}: send 'Authorization: Bearer <key>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless the request names an inference key in force (when any is set)."""
+    require_bearer(request, request.app.state.keys, "API key")
 
 
 async def _check_api_key(request: Request) -> None:

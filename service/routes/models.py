@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
 from heads.rows import InvalidInput
 from heads.tasks import embed
-from service.errors import Forbidden, InputError, ServiceError, Unauthorized
+from service.errors import Forbidden, InputError, ServiceError
 from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOINTS
 from service.registry import Entry
 from service.routes.answers import ERRORS
-from service.routes.deps import ApiKey, RegistryDep
+from service.routes.deps import ApiKey, RegistryDep, require_bearer
 from service.schemas import Limits, ModelInfo, ModelsResponse
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
@@ -85,13 +84,7 @@ def require_admin_key(request: Request) -> None:
             "model control is off: start with BERT_HEADS_MODEL_CONTROL=explicit and "
             "BERT_HEADS_ADMIN_KEY to load and unload by request"
         )
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    expected = settings.admin_key.get_secret_value().strip().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-        raise Unauthorized(
-            "missing or wrong admin key: send 'Authorization: Bearer <admin key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    require_bearer(request, request.app.state.admin_keys, "admin key")
 
 
 AdminKey = Depends(require_admin_key)

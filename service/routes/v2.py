@@ -22,7 +22,6 @@ extension (`binary_data_size`) and shared memory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -267,17 +266,11 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def model_version(model: LoadedModel) -> str:
-    """The package's version: the start of package.json's sha256 (it holds every file's)."""
-    manifest = model.package.path / "package.json"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
-
-
 def _entry(registry: Registry, name: str, version: str | None) -> Entry:
-    entry = next((e for e in registry.entries if e.name == name), None)
+    entry = registry.entry(name)
     if entry is None:
         raise V2Error(404, f"no model named {name!r}; GET /models lists the loaded ones")
-    if version is not None and (entry.model is None or version != model_version(entry.model)):
+    if version is not None and (entry.model is None or version != entry.model.version):
         raise V2Error(404, f"model {name!r} has no version {version!r}")
     return entry
 
@@ -331,7 +324,7 @@ async def _model_metadata(request: Request, name: str, version: str | None = Non
     return JSONResponse(
         {
             "name": name,
-            "versions": [model_version(entry.model)],
+            "versions": [entry.model.version],
             "platform": "onnxruntime_onnx",
             "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in task.inputs],
             "outputs": [
@@ -367,7 +360,7 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
         wanted = [o.name for o in body.outputs] if body.outputs else list(outputs)
         if unknown := [w for w in wanted if w not in outputs]:
             raise V2Error(400, f"no output {unknown[0]!r}; this model has {list(outputs)}")
-        answer: dict[str, Any] = {"model_name": name, "model_version": model_version(model)}
+        answer: dict[str, Any] = {"model_name": name, "model_version": model.version}
         if body.id is not None:
             answer["id"] = body.id
         answer["outputs"] = [
