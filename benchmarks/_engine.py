@@ -14,12 +14,20 @@ import numpy as np
 from heads.rows import Sequence, pad
 from service.batcher import CPU_PAD_LIMIT
 from service.job_queue import next_batch
-from service.runtime import CPU, OrtBackend
+from service.runtime import CPU, CUDA, OrtBackend, preload_cuda_libraries
 from service.settings import Settings
 
 
-def open_session(model_path: Path, threads: int, spinning: bool) -> OrtBackend:
-    return OrtBackend(model_path, [CPU], threads, spinning)
+def open_session(model_path: Path, threads: int, spinning: bool, device: str = "cpu") -> OrtBackend:
+    """The session on `device` ("cpu" or "cuda"), as `service.runtime.open_backend` opens it.
+    A CUDA session that falls back to CPU is an error: its figures would be the CPU's."""
+    if device == "cpu":
+        return OrtBackend(model_path, [CPU], threads, spinning)
+    preload_cuda_libraries()
+    backend = OrtBackend(model_path, [CUDA, CPU], threads, spinning)
+    if backend.provider != "cuda":
+        raise RuntimeError(f"{model_path}: the session runs on CPU, not CUDA")
+    return backend
 
 
 def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray]:
@@ -31,23 +39,28 @@ def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray
     }
 
 
-def _batches(rows: list[Sequence], size: int, order: str) -> list[list[Sequence]]:
+def _batches(
+    rows: list[Sequence], size: int, order: str, pad_limit: int | None = CPU_PAD_LIMIT
+) -> list[list[Sequence]]:
     """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
     batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
-    cut by `next_batch` as the batcher cuts its queue on CPU (default token and size limits)."""
+    cut by `next_batch` as the batcher cuts its queue (default token and size limits; the
+    padding limit of the provider: CPU_PAD_LIMIT on CPU, none on a GPU)."""
     if order == "window":
-        return [b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size])]
+        return [
+            b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size], pad_limit)
+        ]
     if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of
         rows = sorted(rows, key=len)
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def _policy(window: list[Sequence]) -> list[list[Sequence]]:
+def _policy(window: list[Sequence], pad_limit: int | None) -> list[list[Sequence]]:
     defaults = Settings.model_fields
     tokens, most = defaults["max_batch_tokens"].default, defaults["max_batch_size"].default
     out = []
     while window:
-        picked = next_batch([len(r) for r in window], tokens, most, CPU_PAD_LIMIT)
+        picked = next_batch([len(r) for r in window], tokens, most, pad_limit)
         out.append([window[k] for k in picked])
         chosen = set(picked)
         window = [r for k, r in enumerate(window) if k not in chosen]
@@ -77,7 +90,8 @@ def throughput(
     (in arrival order, sorted by length, or as the batcher cuts windows of `size`), for about
     `budget` seconds and at least MIN_BATCHES batches. Sorted batches are visited in `spread`
     order, so that a short budget measures short and long rows alike."""
-    batches = _batches(rows, size, order)
+    pad_limit = CPU_PAD_LIMIT if backend.provider == "cpu" else None  # as service.batcher
+    batches = _batches(rows, size, order, pad_limit)
     if order == "sorted":
         batches = [batches[i] for i in spread(len(batches))]
     prepared = [feeds_for(backend, b) for b in batches]

@@ -102,7 +102,9 @@ def markdown(result: dict[str, Any], png: str) -> str:
         "",
         f"`{result['command']}`",
         "",
-        f"{result['started']}; {machine['cpu']}, {machine['cores']} cores "
+        f"{result['started']}; "
+        + (f"GPU {machine['gpu']}; " if machine.get("gpu") else "")
+        + f"{machine['cpu']}, {machine['cores']} cores "
         f"(shared: load average {machine['load_before']} before, {machine['load_after']} after); "
         f"onnxruntime {machine['onnxruntime']}, torch {machine['torch']}, "
         f"transformers {machine['transformers']}. Weights: {pkg['weights']}.",

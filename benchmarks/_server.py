@@ -47,14 +47,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+
+
 class Server:
     def __init__(self, process: subprocess.Popen, base_url: str, log: Path) -> None:
         self.process, self.base_url, self.log = process, base_url, log
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (all its threads)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        """User + system CPU time so far of the server process and its live children (the
+        workers of --workers N, which would otherwise count as other people's work)."""
+        return sum(_cpu_seconds(pid) for pid in _process_tree(self.process.pid))
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {'name{label=value,...}': value} for the bert_heads_* histograms and

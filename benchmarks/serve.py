@@ -44,12 +44,13 @@ import onnxruntime as ort
 
 from benchmarks import _engine, _load, _peer, _quality, _report, _server
 from benchmarks._data import ENDPOINTS, shared_data, workload
+from benchmarks._gpu import gpu_name
 from heads.package import read_package
 from service.settings import Settings
 
 SETTINGS = (  # the arguments recorded in the result
     "levels", "duration", "warmup", "repeat", "client", "batch_sizes", "raw_budget", "threads",
-    "spinning", "peer_batch_sizes", "peer_threads", "peer_budget", "server_arg",
+    "spinning", "peer_batch_sizes", "peer_threads", "peer_budget", "server_arg", "device",
 )  # fmt: skip
 SOURCES = {
     "classification": "SST-2 dev sentences",
@@ -108,8 +109,9 @@ def measure_raw(
     sizes: list[int],
     budget: float,
     levels: list[int],
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    backend = _engine.open_session(package.variant_path(variant), threads, spinning)
+    backend = _engine.open_session(package.variant_path(variant), threads, spinning, device)
     rows = [r for item in items for r in item.rows]
     meter = CpuMeter()
     sweep = []
@@ -188,8 +190,9 @@ def measure_variant(
 ) -> dict[str, Any]:
     """Raw ceiling and served levels, `args.repeat` rounds interleaved on one server."""
     rounds = []
+    server_args = [f"--device={args.device}", *args.server_arg]
     with _server.serve(
-        args.package, variant, threads, args.spinning, args.server_arg, root=args.server_root
+        args.package, variant, threads, args.spinning, server_args, root=args.server_root
     ) as server:
         for k in range(args.repeat):
             raw = measure_raw(
@@ -201,6 +204,7 @@ def measure_variant(
                 args.batch_sizes,
                 args.raw_budget,
                 args.levels,
+                args.device,
             )
             served = []
             for concurrency in args.levels:
@@ -267,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-quality", dest="quality", action="store_false")
     parser.add_argument("--quality-inputs", type=int, default=600, help="inputs compared")
     parser.add_argument("--requests", type=int, default=2000, help="distinct requests cycled")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the raw session and the server run (cuda: onnxruntime-gpu)",
+    )
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra flag for python -m service, e.g. --server-arg=--max-wait-ms=2")  # fmt: skip
     parser.add_argument("--data", type=Path, help="default: ../shared/data beside the repo")
@@ -350,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {
             "cpu": cpu_name(),
             "cores": os.cpu_count(),
+            "gpu": gpu_name() if args.device == "cuda" else None,
             "shared": True,
             "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()],
