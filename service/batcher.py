@@ -187,7 +187,9 @@ class Batcher:
                         await self._tokenize(new)
                         new = []
             batch = queue.next_batch()
-            work = [self._guarded(self._execute(batch, loop.time()), batch)] if batch else []
+            work = (
+                [self._guarded(self._execute(batch, time.perf_counter()), batch)] if batch else []
+            )
             if new:
                 work.append(self._tokenize(new))
             await asyncio.gather(*work)
@@ -278,7 +280,7 @@ class Batcher:
         for request, _ in batch:
             if not request.started:
                 request.started = True
-                waited.append(now - request.enqueued)
+                waited.append(now - request.queued_at)
                 # the header's queue time leaves out the tokenization it waited through
                 request.timing.queue = max(0.0, waited[-1] - request.timing.tokenization)
         for seconds in waited:
@@ -308,7 +310,11 @@ class Batcher:
             seconds = time.perf_counter() - start
             self.metrics.inference.observe(seconds)
             for request in {r for r, _ in batch}:  # once per job, not once per row
-                request.timing.inference += seconds
+                timing = request.timing
+                timing.inference += seconds
+                timing.batches += 1
+                timing.batch_rows += size
+                timing.batch_tokens += size * longest
         start = time.perf_counter()
         finite = _finite_rows(outputs, feeds["attention_mask"], self.sequence_outputs)
         done: list[Queued] = []

@@ -71,8 +71,9 @@ class Call:
         self.where = where  # how errors name the caller: "/classify needs a ... model"
         self.timing = Timing()
 
-    def chose(self, model: LoadedModel, task: str) -> None:
-        """Called once the model is chosen (the HTTP request records it for its metrics)."""
+    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
+        """Called once the model is chosen, with the number of inputs (the HTTP request records
+        the model for its metrics, and both for its span)."""
         self.model = model
 
     async def wait(self, answer: asyncio.Future[Any]) -> Any:
@@ -425,7 +426,7 @@ class Engine:
         registry.admission.acquire()
         try:
             model = registry.select(task, name, call.where, accept)
-            call.chose(model, task or model.package.task)
+            call.chose(model, task or model.package.task, len(inputs))
             self.check_sizes(inputs)
             job = call.job = make_job(model.package)
             return await call.wait(model.batcher.enqueue(job, call.deadline, call.timing))

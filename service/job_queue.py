@@ -17,6 +17,7 @@ The queue depth gauge reads a counter at scrape time: no metric write per reques
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,6 +125,11 @@ class Timing:
     queue: float = 0.0
     tokenization: float = 0.0
     inference: float = 0.0
+    # The batches its rows ran in (traces' inference span): how many, and their rows and
+    # padded tokens (rows x longest), the other jobs' rows included.
+    batches: int = 0
+    batch_rows: int = 0
+    batch_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -132,7 +138,7 @@ class Queued:
 
     job: Job
     deadline: float  # loop.time() clock
-    enqueued: float
+    enqueued: float  # loop.time() clock: max_wait's
     future: asyncio.Future[Any]
     rows: list[Sequence] = field(default_factory=list)  # set once the job is tokenized
     results: list[Outputs | None] = field(default_factory=list)
@@ -142,6 +148,10 @@ class Queued:
     nonfinite: bool = False  # a row's outputs hold a NaN or an infinity
     timer: asyncio.TimerHandle | None = None
     timing: Timing = field(default_factory=Timing)  # the caller's, when it keeps one
+    # perf_counter() when queued: the queue wait's start. Not loop.time(): uvloop's is the
+    # loop iteration's cached millisecond clock, and made x-queue-time up to a ms off (a
+    # request's stages then added up to more than its x-total-time).
+    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class JobQueue:

@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 
 from service.app import create_app
+from service.malloc import keep_large_blocks_mapped
 from service.registry import LoadFlags, Registry
 from service.settings import Settings
 
@@ -68,6 +69,7 @@ def serve(
     load_flags: LoadFlags | None = None,
 ) -> None:
     """One server process: on settings.host:port, or on `sockets` (a worker of several)."""
+    keep_large_blocks_mapped()  # reloads give their memory back (service/malloc.py)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",

@@ -7,6 +7,7 @@ environment. Each description says what the knob trades off.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -15,6 +16,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.keys import parse_keys
+
+# What tracing (service.tracing) imports; checked with the setting, so that a missing package
+# stops the start with the command that installs it.
+OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
 Variant = Literal["auto", "fp32", "int8", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -184,6 +189,13 @@ class Settings(BaseSettings):
     log_level: LogLevel = Field(
         default="info", description="Log verbosity; debug logs every batch (noisy under load)."
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry collector's OTLP/HTTP URL (http://localhost:4318): a span "
+        "per inference request, its stages as children, sent in batches off the event loop "
+        "(event-loop CPU per request); unset = off, at no cost. Needs pip install "
+        "'bert-heads[otel]'.",
+    )
 
     @field_validator("api_key", "admin_key", mode="before")
     @classmethod
@@ -199,6 +211,21 @@ class Settings(BaseSettings):
     def _keys_file_is_readable(cls, value: Path | None) -> Path | None:
         if value is not None and not os.access(value, os.R_OK):
             raise ValueError(f"{value}: no such file, or not readable")
+        return value
+
+    @field_validator("otlp_endpoint", mode="before")
+    @classmethod
+    def _otlp_endpoint(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # an unset variable passed as "" (see _empty_key_is_no_key)
+        if isinstance(value, str) and not value.startswith(("http://", "https://")):
+            raise ValueError("give the collector's http:// or https:// URL")
+        missing = [m for m in OTEL_MODULES if not _installed(m)]
+        if missing:
+            raise ValueError(
+                f"tracing needs the OpenTelemetry SDK ({', '.join(missing)} not installed): "
+                "pip install 'bert-heads[otel]'"
+            )
         return value
 
     @model_validator(mode="after")
@@ -222,3 +249,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [origin.strip() for origin in value.split(",") if origin.strip()]
         return value
+
+
+def _installed(module: str) -> bool:
+    """`module` can be imported (found without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
@@ -46,6 +46,9 @@ from service.job_queue import Timing
 from service.metrics import Metrics
 from service.registry import LoadedModel
 from service.routes.deps import require_api_key
+
+if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which service.app loads only when on
+    from service.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,10 @@ class Inference(Request, Call):
     """One inference request, and its `Call` through the engine. Endpoints take it as their
     second argument (FastAPI sees a Request, so the OpenAPI schema holds only the body)."""
 
+    # What its spans need (service.tracing.Traced), kept by TracedInference only.
+    enqueued = 0.0  # perf_counter() when its job was queued; 0.0: never
+    inputs = 0
+
     def __init__(self, scope: Scope, receive: Receive) -> None:
         Request.__init__(self, scope, receive)
         state = self.app.state
@@ -106,7 +113,7 @@ class Inference(Request, Call):
         self._gone = False  # the client disconnected
         self._watch: asyncio.Task[None] | None = None
 
-    def chose(self, model: LoadedModel, task: str) -> None:
+    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
         self.model = model
         state = self.scope.setdefault("state", {})
         state["model"], state["task"] = model.name, task  # for the request metrics
@@ -147,6 +154,19 @@ class Inference(Request, Call):
             await asyncio.sleep(0.01)  # a server that keeps answering: do not spin
         self._gone = True
         future.cancel()  # the batcher drops what is still queued
+
+
+class TracedInference(Inference):
+    """An `Inference` that also keeps what its spans need (service.tracing.Traced): the
+    requests' class while tracing is on, so that tracing off costs nothing here."""
+
+    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
+        super().chose(model, task, inputs)
+        self.inputs = inputs
+
+    async def wait(self, answer: asyncio.Future[Any]) -> Any:
+        self.enqueued = time.perf_counter()  # the engine queued the job just before
+        return await super().wait(answer)
 
 
 class InferenceRoute(APIRoute):
@@ -226,12 +246,14 @@ def _invalid(exc: ValidationError) -> _BadBody:
 class InferencePath:
     """In front of FastAPI (`service.app.App.stack`), inside CORS when that is on. POSTs to the
     inference paths are served here in one layer: the payload limit, the request metrics and
-    the route, past the router, with the answer written by two raw sends. Everything else goes
-    on to FastAPI.
+    the route, past the router, with the answer written by two raw sends; then, with `tracing`
+    on (the app's lifespan sets it), the request's spans. Everything else goes on to FastAPI.
 
     Why one layer: with a near-null model each ASGI layer (a closure around send, a replayed
     receive, a header dict) cost a few us of event-loop CPU per request, and the event loop is
     the largest part of a small request's server CPU (benchmarks/server_cost.py)."""
+
+    tracing: Tracing | None = None
 
     def __init__(
         self, app: ASGIApp, routes: list[InferenceRoute], metrics: Metrics, limit: int
@@ -250,22 +272,26 @@ class InferencePath:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
+        tracing = self.tracing  # None (off): not looked at again
         start = time.perf_counter()
         status = 500  # a request that ends without an answer (a bug) counts as one
+        run: Inference | None = None
+        built = 0.0  # when the answer was built
         try:
             raw = await self._body(scope, receive)
             if raw is None:
                 status = 413
                 await reject_payload(scope, send, self.limit)
             elif raw is not _GONE:
-                run = Inference(scope, receive)
+                run = (Inference if tracing is None else TracedInference)(scope, receive)
                 response = await respond(*handler, run, raw)
                 status = response.status_code
+                built = time.perf_counter()
                 await send(
                     {
                         "type": "http.response.start",
                         "status": status,
-                        "headers": response.raw_headers + timing_headers(run.timing, start),
+                        "headers": response.raw_headers + timing_headers(run.timing, built - start),
                     }
                 )
                 await send({"type": "http.response.body", "body": response.body})
@@ -276,6 +302,8 @@ class InferencePath:
             if status >= 400:
                 reason = state.get("error_type") or error_type_of(status)
                 self.metrics.failures.labels(model, task, reason).inc()
+            if tracing is not None:
+                tracing.record(scope, status, start, built, run)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The body; None when it is over the limit (by Content-Length, else counted as it
@@ -300,11 +328,11 @@ class InferencePath:
 _GONE = b"<gone>"  # a sentinel compared by identity
 
 
-def timing_headers(timing: Timing, start: float) -> list[tuple[bytes, bytes]]:
-    """Where the request's time went, in milliseconds, as text-embeddings-inference names the
-    headers (it sends whole milliseconds; these keep three decimals: a small request here takes
-    2-4 ms in all). Stages the request never reached (a refused body) read 0."""
-    total = time.perf_counter() - start
+def timing_headers(timing: Timing, total: float) -> list[tuple[bytes, bytes]]:
+    """Where the request's time went (`total`: seconds from its arrival to its built answer),
+    in milliseconds, as text-embeddings-inference names the headers (it sends whole
+    milliseconds; these keep three decimals: a small request here takes 2-4 ms in all). Stages
+    the request never reached (a refused body) read 0."""
     return [
         (b"x-total-time", b"%.3f" % (total * 1000)),
         (b"x-tokenization-time", b"%.3f" % (timing.tokenization * 1000)),

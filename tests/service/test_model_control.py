@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from heads import rows
 from service.settings import Settings
 from tests.service.conftest import gate, metric, serve
 
@@ -142,12 +143,13 @@ async def test_reload_under_load_drops_nothing_and_frees_the_old_version(
                     seen[r.json()[0]["label"].split("-")[1]] += 1
 
         clients = [asyncio.create_task(client()) for _ in range(8)]
-        freed = []
+        freed, tokenizers = [], []
         for n in range(1, 7):
             await asyncio.sleep(0.4)
             old = s.registry.entry("sent").model.backend
             freed.append(weakref.ref(old))
             del old
+            tokenizers.append(s.registry.entry("sent").model.tokenizer)
             if n == 4:  # a broken copy dropped in: refused, the version serving stays
                 (models / "sent" / "model.onnx").write_bytes(b"broken")
                 assert (await s.client.post("/models/sent/load", headers=ADMIN)).status_code == 422
@@ -163,6 +165,9 @@ async def test_reload_under_load_drops_nothing_and_frees_the_old_version(
     assert set(seen) <= {f"v{n}" for n in range(7)} and len(seen) >= 5, seen
     # the broken attempt (n == 4) replaced nothing: that version's backend stayed in use
     assert sum(ref() is not None for ref in freed) <= 1, [ref() for ref in freed]
+    # nor do the tokenizer caches keep retired versions' tokenizers (6 MB each for BERT's vocab)
+    cached = {id(held[0]) for cache in (rows._TEMPLATES, rows._SUBWORD) for held in cache.values()}
+    assert not any(id(t) in cached for t in tokenizers)
 
 
 async def test_unload_lets_queued_requests_finish(
