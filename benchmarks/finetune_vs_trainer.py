@@ -37,6 +37,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+from benchmarks._machine import cpu_name  # noqa: E402
 from benchmarks._paths import write_results  # noqa: E402
 from benchmarks.finetune_quality import DATA, RUNS, minilm  # noqa: E402
 
@@ -176,15 +177,6 @@ def compare(task: str, precision: str, cli: argparse.Namespace) -> dict:
     row["ratio"] = round(statistics.median(ratios), 3)
     row["ratios"] = [round(x, 3) for x in ratios]
     return row
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:  # fmt: skip
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def markdown(report: dict) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks._gpu import gpu_memory_mib, gpu_name
+from benchmarks._machine import gpu_memory_mib, gpu_name
 from benchmarks._paths import write_results
 from heads.package import read_package
 from service.runtime import CUDA, preload_cuda_libraries

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks import _server
+from benchmarks._machine import cpu_name
 from benchmarks._paths import write_results
 
 ADMIN_KEY = "reload-soak-admin"
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "python -m benchmarks.reload_soak "
         + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
         "clients": cli.clients,
         "result": result,
     }

@@ -44,7 +44,7 @@ import onnxruntime as ort
 
 from benchmarks import _engine, _load, _peer, _quality, _report, _server
 from benchmarks._data import ENDPOINTS, shared_data, workload
-from benchmarks._gpu import gpu_name
+from benchmarks._machine import cpu_name, gpu_name
 from heads.package import read_package
 from service.settings import Settings
 
@@ -58,13 +58,6 @@ SOURCES = {
     "token-classification": "CoNLL-2003 dev (eng.testa) sentences",
     "question-answering": "SQuAD v1.1 dev question/context pairs",
 }
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def log(msg: str) -> None:

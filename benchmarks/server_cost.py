@@ -46,8 +46,9 @@ from benchmarks import _load, _server
 from benchmarks._bare import serve_bare
 from benchmarks._cpu import CLASSES, PRELUDE, CpuSplit, ThreadMap
 from benchmarks._data import CONLL_LABELS, SST2_LABELS, shared_data, texts
+from benchmarks._machine import cpu_name
 from benchmarks._paths import write_results
-from benchmarks.serve import CpuMeter, cpu_name
+from benchmarks.serve import CpuMeter
 from heads.contract import MANIFEST
 
 ENDPOINT_TASKS = {

@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> App:
             # Imported here: the SDK is an extra (Settings checked that it is installed).
             from service.tracing import Tracing
 
-            path.tracing = Tracing(settings.otlp_endpoint)
+            path.tracing = app.state.tracing = Tracing(settings.otlp_endpoint)
         await engine.start(wait=False)  # /health answers and /ready says 503 meanwhile
         try:
             yield
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> App:
             await engine.stop()
             if path.tracing is not None:
                 tracing, path.tracing = path.tracing, None
+                app.state.tracing = None
                 await asyncio.to_thread(tracing.shutdown)  # a slow collector: not on the loop
 
     app = App(
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> App:
     app.state.admin_keys = Keys(settings.admin_key, None)
     app.state.registry, app.state.metrics = registry, metrics
     app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
+    app.state.tracing = None  # the lifespan's, when otlp_endpoint is set (the v2 routes')
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -78,18 +78,25 @@ class Tracing:
         self.propagator = TraceContextTextMapPropagator()
 
     def record(
-        self, scope: Scope, status: int, start: float, built: float, run: Traced | None
+        self,
+        scope: Scope,
+        status: int,
+        start: float,
+        built: float,
+        run: Traced | None,
+        route: str | None = None,
     ) -> None:
         """The spans of one answered request: `start`, `built` are perf_counter() seconds
         (arrival, answer built; 0.0 when none was); `run` is None when the request never
-        became one (a body over the limit, a client gone first)."""
+        became one (a body over the limit, a client gone first); `route`: the path's template
+        where it has parameters (/v2/models/{name}/infer)."""
         try:
-            self._record(scope, status, start, built, run)
+            self._record(scope, status, start, built, run, route or scope["path"])
         except Exception:  # the answer has gone: a bug here must not close its connection
             log.exception("tracing: the spans of a request to %s are lost", scope["path"])
 
     def _record(
-        self, scope: Scope, status: int, start: float, built: float, run: Traced | None
+        self, scope: Scope, status: int, start: float, built: float, run: Traced | None, route: str
     ) -> None:
         now = time.perf_counter()
         offset = time.time_ns() - int(now * 1e9)  # perf_counter seconds -> epoch ns
@@ -98,11 +105,10 @@ class Tracing:
             return offset + int(t * 1e9)
 
         state = scope.get("state", {})
-        route = scope["path"]
         attributes: dict[str, AttributeValue] = {
             "http.request.method": scope["method"],
             "http.route": route,
-            "url.path": route,
+            "url.path": scope["path"],
             "http.response.status_code": status,
         }
         if "model" in state:

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.engine import Call, Engine
+from service.engine import Call, Engine, KeepsSpanTimes
 from service.errors import ServiceError
 from service.http import (
     ClientGone,
@@ -97,10 +97,6 @@ class Inference(Request, Call):
     """One inference request, and its `Call` through the engine. Endpoints take it as their
     second argument (FastAPI sees a Request, so the OpenAPI schema holds only the body)."""
 
-    # What its spans need (service.tracing.Traced), kept by TracedInference only.
-    enqueued = 0.0  # perf_counter() when its job was queued; 0.0: never
-    inputs = 0
-
     def __init__(self, scope: Scope, receive: Receive) -> None:
         Request.__init__(self, scope, receive)
         state = self.app.state
@@ -156,17 +152,9 @@ class Inference(Request, Call):
         future.cancel()  # the batcher drops what is still queued
 
 
-class TracedInference(Inference):
-    """An `Inference` that also keeps what its spans need (service.tracing.Traced): the
-    requests' class while tracing is on, so that tracing off costs nothing here."""
-
-    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
-        super().chose(model, task, inputs)
-        self.inputs = inputs
-
-    async def wait(self, answer: asyncio.Future[Any]) -> Any:
-        self.enqueued = time.perf_counter()  # the engine queued the job just before
-        return await super().wait(answer)
+class TracedInference(KeepsSpanTimes, Inference):
+    """An `Inference` that also keeps what its spans need: the requests' class while tracing
+    is on."""
 
 
 class InferenceRoute(APIRoute):

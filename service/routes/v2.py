@@ -34,10 +34,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from heads.package import ModelPackage
-from service.engine import Engine
+from service.engine import Call, Engine, TracedCall
 from service.http import describe_validation, error_for
 from service.registry import Entry, LoadedModel, Registry
 from service.routes.deps import ApiKey
+from service.routes.inference import timing_headers
 from service.schemas import (
     ClassifyRequest,
     EmbedRequest,
@@ -134,7 +135,7 @@ class Task:
         """The native body's inputs for these tensors."""
         return {"inputs": texts["text"]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
         raise NotImplementedError
 
 
@@ -157,11 +158,11 @@ class Classify(Task):
             return {"inputs": texts["text"]}
         return {"inputs": [[a, b] for a, b in zip(texts["text"], pairs, strict=True)]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
         inputs = [tuple(x) if isinstance(x, list) else x for x in body.inputs]
         ranked = await engine.classify(
             inputs, model=model.name, top_k=None, function_to_apply=body.function_to_apply,
-            truncate=body.truncate, truncation_direction=body.truncation_direction,
+            truncate=body.truncate, truncation_direction=body.truncation_direction, call=call,
         )  # fmt: skip
         labels = model.package.labels or []
         order = {label: i for i, label in enumerate(labels)}
@@ -187,11 +188,12 @@ class Qa(Task):
         pairs = zip(texts["question"], texts["context"], strict=True)
         return {"inputs": [{"question": q, "context": c} for q, c in pairs]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
         spans = await engine.qa(
             [(x.question, x.context) for x in body.inputs], model=model.name,
             max_answer_len=body.max_answer_len, max_seq_len=body.max_seq_len,
             doc_stride=body.doc_stride, handle_impossible_answer=body.handle_impossible_answer,
+            call=call,
         )  # fmt: skip
         best = [s or {"answer": "", "score": 0.0, "start": -1, "end": -1} for s in spans]
         n = len(best)
@@ -212,11 +214,11 @@ class Embed(Task):
     def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
         return {"embedding": [-1, -1]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
         found = await engine.embed(
             body.inputs, model=model.name, normalize=body.normalize, truncate=body.truncate,
             truncation_direction=body.truncation_direction, prompt_name=body.prompt_name,
-            dimensions=body.dimensions,
+            dimensions=body.dimensions, call=call,
         )  # fmt: skip
         vectors = np.asarray(found, np.float32)
         return {"embedding": ("FP32", list(vectors.shape), vectors.ravel().tolist())}
@@ -234,9 +236,11 @@ class JsonPerText(Task):
         self.output, self.method = output, method
         self.outputs, self.parameters, self.schema = {output: "BYTES"}, parameters, schema
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
         options = {p: getattr(body, p) for p in self.parameters}
-        found = await getattr(engine, self.method)(body.inputs, model=model.name, **options)
+        found = await getattr(engine, self.method)(
+            body.inputs, model=model.name, call=call, **options
+        )
         return {self.output: ("BYTES", [len(found)], _json(found))}
 
 
@@ -341,10 +345,16 @@ async def _model_metadata(request: Request, name: str, version: str | None = Non
     )
 
 
+ROUTE = "/v2/models/{name}/infer"
+
+
 async def _infer(request: Request, name: str, version: str | None = None) -> JSONResponse:
     engine: Engine = request.app.state.engine
     registry: Registry = request.app.state.registry
-    start, status, task_name = time.perf_counter(), 500, ""
+    tracing = request.app.state.tracing  # None (off): not looked at again
+    start, status, task_name, built = time.perf_counter(), 500, "", 0.0
+    where = f"/v2/models/{name}/infer"
+    call = (Call if tracing is None else TracedCall)(engine.call().deadline, where)
     try:
         entry = _entry(registry, name, version)
         try:
@@ -352,11 +362,11 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
         except ValidationError as exc:
             errors = [dict(err) for err in exc.errors(include_url=False)]
             raise V2Error(400, describe_validation(errors)) from None
-        model = registry.select(None, name, f"/v2/models/{name}/infer")
+        model = registry.select(None, name, where)
         task_name = entry.task or ""
         task = task_of(model.package)
         native = _native(task, _texts(body, task), body.parameters, model.package.task)
-        outputs = await task.run(engine, model, native)
+        outputs = await task.run(engine, model, native, call)
         wanted = [o.name for o in body.outputs] if body.outputs else list(outputs)
         if unknown := [w for w in wanted if w not in outputs]:
             raise V2Error(400, f"no output {unknown[0]!r}; this model has {list(outputs)}")
@@ -368,19 +378,25 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
             for w in wanted
         ]
         status = 200
-        return JSONResponse(answer)
+        response = JSONResponse(answer)
     except V2Error as e:
         status = e.status
-        return _error(e.status, e.message)
+        response = _error(e.status, e.message)
     except Exception as exc:  # the native routes' mapping: 4xx for what the caller can fix
         status, message, _, headers = error_for(exc, request)
         response = _error(status, message)
         response.headers.update(headers or {})
-        return response
     finally:
-        registry.metrics.answered(
-            name, task_name, "/v2/models/{name}/infer", status, time.perf_counter() - start
-        )
+        registry.metrics.answered(name, task_name, ROUTE, status, time.perf_counter() - start)
+    built = time.perf_counter()
+    # the native routes' x-*-time headers, and their spans (named after the route template)
+    response.raw_headers.extend(timing_headers(call.timing, built - start))
+    if tracing is not None:
+        state = request.scope.setdefault("state", {})
+        if call.model is not None:
+            state["model"], state["task"] = call.model.name, task_name
+        tracing.record(request.scope, status, start, built, call, route=ROUTE)
+    return response
 
 
 def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:

@@ -28,6 +28,10 @@ async def test_an_answer_carries_its_stage_times(model_dir: Path) -> None:
             ("/classify", {"inputs": ["a good film", "a dull one"]}),
             ("/ner", {"inputs": "Anna flew to Lisbon"}),
             ("/embed", {"inputs": "a sentence"}),
+            (  # the Open Inference Protocol's infer goes the same way
+                "/v2/models/sst2/infer",
+                {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["ok"]}]},
+            ),
         ):
             r = await s.client.post(path, json=body)
             assert r.status_code == 200, r.text

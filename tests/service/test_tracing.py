@@ -34,6 +34,9 @@ from tests.service.conftest import LiveServer, serve  # noqa: E402
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 STAGES = ["queue", "tokenization", "inference", "postprocess"]
+ROUTES = {"v2": "/v2/models/{name}/infer"}
+TEXTS = ["a good film", "a dull one"]
+V2_BODY = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": TEXTS}]}
 
 
 @dataclass
@@ -109,6 +112,7 @@ class Exchange:
             for s in self.spans
             if s.kind == Span.SPAN_KIND_SERVER
             and attributes(s)["http.response.status_code"] == r.status_code
+            and attributes(s)["http.route"] == ROUTES.get(answer, "/classify")
             and (s.trace_id.hex() == CALLER_TRACE) == (answer == "traced")
         ]
         assert len(found) == 1, found
@@ -147,6 +151,7 @@ def exchange(
                 "plain": client.post("/classify", json=body),
                 "traced": client.post("/classify", json=body, headers=caller),
                 "refused": client.post("/classify", json={"inputs": []}),
+                "v2": client.post("/v2/models/sst2/infer", json=V2_BODY),
             }
     finally:
         arrived = len(collector.spans)
@@ -224,7 +229,7 @@ def test_an_error_answer_is_an_error_span(exchange: Exchange) -> None:
 
 def test_shutdown_sends_the_spans_still_buffered(exchange: Exchange) -> None:
     assert exchange.arrived_before_stop == 0
-    assert len(exchange.spans) == 3 + 2 * len(STAGES)
+    assert len(exchange.spans) == 4 + 3 * len(STAGES)  # the 422 has no stages
     assert not [t for t in threading.enumerate() if t.name.startswith("OtelBatch")]
 
 
@@ -264,3 +269,18 @@ def test_without_the_sdk_the_start_names_the_extra(
     with pytest.raises(SystemExit):
         parse_settings(["--otlp-endpoint", "http://collector:4318"])
     assert "pip install 'bert-heads[otel]'" in capsys.readouterr().err
+
+
+def test_a_v2_request_takes_the_same_path_and_is_traced_alike(exchange: Exchange) -> None:
+    """The Open Inference Protocol's infer: the same stages, the same x-*-time headers."""
+    r = exchange.answers["v2"]
+    assert r.status_code == 200, r.text
+    span = exchange.server_span("v2")
+    assert span.name == "POST /v2/models/{name}/infer"
+    assert attributes(span)["url.path"] == "/v2/models/sst2/infer"
+    assert attributes(span)["bert_heads.model"] == "sst2"
+    assert attributes(span)["bert_heads.inputs"] == 2
+    stages = exchange.children(span)
+    assert sorted(stages) == sorted(STAGES)
+    for stage in ("queue", "tokenization", "inference"):
+        assert ms(stages[stage]) == pytest.approx(float(r.headers[f"x-{stage}-time"]), abs=2e-3)

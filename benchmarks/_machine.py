@@ -1,9 +1,21 @@
-"""What nvidia-smi says of the GPU a benchmark ran on: its name and the memory in use."""
+"""What a benchmark ran on: the CPU's model name, and what nvidia-smi says of the GPU (its name
+and the memory in use)."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """ "AMD EPYC 9R14 ..." from /proc/cpuinfo; else what platform says."""
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def nvidia_smi(query: str) -> str:
