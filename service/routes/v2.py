@@ -346,6 +346,13 @@ async def _model_metadata(request: Request, name: str, version: str | None = Non
 
 
 ROUTE = "/v2/models/{name}/infer"
+# Request parameters of the protocol's extensions, not the model's: binary_data_output (Triton's
+# client sends it true when no output is named) asks for binary outputs; they come as JSON.
+PROTOCOL_PARAMETERS = frozenset({"binary_data_output"})
+BINARY_UNSUPPORTED = (
+    "the binary tensor data extension is not supported: send JSON data "
+    "(tritonclient: set_data_from_numpy(..., binary_data=False))"
+)
 
 
 async def _infer(request: Request, name: str, version: str | None = None) -> JSONResponse:
@@ -357,6 +364,8 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
     call = (Call if tracing is None else TracedCall)(engine.call().deadline, where)
     try:
         entry = _entry(registry, name, version)
+        if "inference-header-content-length" in request.headers:  # JSON, then binary tensors
+            raise V2Error(400, BINARY_UNSUPPORTED)
         try:
             body = InferRequest.model_validate_json(await request.body())
         except ValidationError as exc:
@@ -412,7 +421,7 @@ def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:
         if tensor.datatype != "BYTES":
             raise V2Error(400, f"input {name!r} must be BYTES (text), not {tensor.datatype}")
         if (tensor.parameters or {}).get("binary_data_size") is not None:
-            raise V2Error(400, "the binary tensor data extension is not supported: send JSON data")
+            raise V2Error(400, BINARY_UNSUPPORTED)
         flat = _flatten(tensor.data)
         if int(np.prod(tensor.shape)) != len(flat) or len(tensor.shape) != 1:
             raise V2Error(
@@ -435,7 +444,9 @@ def _flatten(data: list[Any]) -> list[Any]:
 
 
 def _native(task: Task, texts: dict[str, list[str]], params: dict[str, Any], kind: str) -> Any:
-    """The native route's body for this request: its schema checks the parameters."""
+    """The native route's body for this request: its schema checks the parameters (the
+    protocol's own, PROTOCOL_PARAMETERS, are not the model's)."""
+    params = {k: v for k, v in params.items() if k not in PROTOCOL_PARAMETERS}
     if unknown := [p for p in params if p not in task.parameters]:
         raise V2Error(
             400,
