@@ -5,6 +5,7 @@ Each answer comes from whichever worker accepted the connection; /ready waits fo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -81,3 +82,59 @@ def test_each_worker_gets_its_share_of_the_cores() -> None:
     assert share_of_cores(1) == cores
     assert share_of_cores(cores) == 1
     assert share_of_cores(cores * 4) == 1  # never 0 (= ONNX Runtime's own default)
+
+
+def worker_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_keep_alive_clients_are_shared_between_the_workers(
+    tmp_path: Path, make_package: Callable[..., Path]
+) -> None:
+    """16 clients open their connections at once and keep them: both workers serve. With one
+    listening socket shared, the first worker to wake took the whole burst half the time
+    (issue 31); with a socket each (SO_REUSEPORT) the kernel's hash spreads them, and all 16
+    on one of 2 is a 2 x 2^-16 chance."""
+    models = tmp_path / "models"
+    models.mkdir()
+    make_package(models, "classification")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BERT_HEADS_", "PROMETHEUS"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "--workers", "2", "--model-dir", str(models),
+         "--port", str(port), "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    async def load() -> None:
+        clients = [httpx.AsyncClient(base_url=url, timeout=30) for _ in range(16)]
+        try:
+            for _ in range(40):  # each client its one connection, kept alive
+                answers = await asyncio.gather(
+                    *(c.post("/classify", json={"inputs": "a fine film"}) for c in clients)
+                )
+                assert {a.status_code for a in answers} == {200}
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        pids = spawned_workers(proc.pid)
+        before = [worker_cpu(pid) for pid in pids]
+        asyncio.run(load())
+        used = [worker_cpu(pid) - b for pid, b in zip(pids, before, strict=True)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    # 640 requests: a worker given none spends ~0.01 s; one given a share, 10x that or more
+    assert min(used) >= 0.2 * max(used), used
