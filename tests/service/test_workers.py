@@ -12,7 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -29,9 +30,10 @@ def spawned_workers(pid: int) -> list[int]:
     return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
-def test_two_workers_answer_count_and_stop(
-    tmp_path: Path, make_package: Callable[..., Path]
-) -> None:
+@contextmanager
+def two_workers(tmp_path: Path, make_package: Callable[..., Path]) -> Iterator[tuple[str, int]]:
+    """`python -m service --workers 2` on a free port, ready: (its URL, the parent's pid).
+    SIGTERM afterwards: both stop cleanly (exit 0, no traceback)."""
     models = tmp_path / "models"
     models.mkdir()
     make_package(models, "classification")
@@ -59,7 +61,18 @@ def test_two_workers_answer_count_and_stop(
         else:
             raise AssertionError(f"not ready:\n{log.read_text()}")
         assert len(spawned_workers(proc.pid)) == 2
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    assert rc == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
 
+
+def test_two_workers_answer_count_and_stop(
+    tmp_path: Path, make_package: Callable[..., Path]
+) -> None:
+    with two_workers(tmp_path, make_package) as (url, _):
         for _ in range(REQUESTS):  # a new connection each: either worker may take it
             r = httpx.post(url + "/classify", json={"inputs": "a fine film"})
             assert r.status_code == 200
@@ -70,11 +83,6 @@ def test_two_workers_answer_count_and_stop(
             model="sst2", task="classification", endpoint="/classify", status="200",
         )  # fmt: skip
         assert answered == REQUESTS  # both workers' counts, summed
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=30)
-    assert rc == 0, log.read_text()
-    assert "Traceback" not in log.read_text()
 
 
 def test_each_worker_gets_its_share_of_the_cores() -> None:
@@ -96,21 +104,8 @@ def test_keep_alive_clients_are_shared_between_the_workers(
     listening socket shared, the first worker to wake took the whole burst half the time
     (issue 31); with a socket each (SO_REUSEPORT) the kernel's hash spreads them, and all 16
     on one of 2 is a 2 x 2^-16 chance."""
-    models = tmp_path / "models"
-    models.mkdir()
-    make_package(models, "classification")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BERT_HEADS_", "PROMETHEUS"))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "--workers", "2", "--model-dir", str(models),
-         "--port", str(port), "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
 
-    async def load() -> None:
+    async def load(url: str) -> None:
         clients = [httpx.AsyncClient(base_url=url, timeout=30) for _ in range(16)]
         try:
             for _ in range(40):  # each client its one connection, kept alive
@@ -121,20 +116,10 @@ def test_keep_alive_clients_are_shared_between_the_workers(
         finally:
             await asyncio.gather(*(c.aclose() for c in clients))
 
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        pids = spawned_workers(proc.pid)
+    with two_workers(tmp_path, make_package) as (url, parent):
+        pids = spawned_workers(parent)
         before = [worker_cpu(pid) for pid in pids]
-        asyncio.run(load())
+        asyncio.run(load(url))
         used = [worker_cpu(pid) - b for pid, b in zip(pids, before, strict=True)]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
     # 640 requests: a worker given none spends ~0.01 s; one given a share, 10x that or more
     assert min(used) >= 0.2 * max(used), used
