@@ -64,7 +64,8 @@ def thread_times(pid: int) -> dict[int, float]:
     return out
 
 
-def _ticks(path: str) -> float:
+def stat_seconds(path: str) -> float:
+    """User + system CPU seconds from a /proc/.../stat file (a process's or a thread's)."""
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
@@ -74,10 +75,10 @@ def ended_time(pid: int) -> float:
     live = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            live += _ticks(f"/proc/{pid}/task/{tid}/stat")
+            live += stat_seconds(f"/proc/{pid}/task/{tid}/stat")
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return max(0.0, _ticks(f"/proc/{pid}/stat") - live)
+    return max(0.0, stat_seconds(f"/proc/{pid}/stat") - live)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from heads.rows import Sequence, pad
-from service.batcher import CPU_PAD_LIMIT
+from service.batcher import CPU_PAD_LIMIT, pad_limit
 from service.job_queue import next_batch
 from service.runtime import CPU, CUDA, OrtBackend, preload_cuda_libraries
 from service.settings import Settings
@@ -40,27 +40,25 @@ def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray
 
 
 def _batches(
-    rows: list[Sequence], size: int, order: str, pad_limit: int | None = CPU_PAD_LIMIT
+    rows: list[Sequence], size: int, order: str, limit: int | None = CPU_PAD_LIMIT
 ) -> list[list[Sequence]]:
     """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
     batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
     cut by `next_batch` as the batcher cuts its queue (default token and size limits; the
-    padding limit of the provider: CPU_PAD_LIMIT on CPU, none on a GPU)."""
+    padding `limit` of the provider, `service.batcher.pad_limit`)."""
     if order == "window":
-        return [
-            b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size], pad_limit)
-        ]
+        return [b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size], limit)]
     if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of
         rows = sorted(rows, key=len)
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def _policy(window: list[Sequence], pad_limit: int | None) -> list[list[Sequence]]:
+def _policy(window: list[Sequence], limit: int | None) -> list[list[Sequence]]:
     defaults = Settings.model_fields
     tokens, most = defaults["max_batch_tokens"].default, defaults["max_batch_size"].default
     out = []
     while window:
-        picked = next_batch([len(r) for r in window], tokens, most, pad_limit)
+        picked = next_batch([len(r) for r in window], tokens, most, limit)
         out.append([window[k] for k in picked])
         chosen = set(picked)
         window = [r for k, r in enumerate(window) if k not in chosen]
@@ -90,8 +88,7 @@ def throughput(
     (in arrival order, sorted by length, or as the batcher cuts windows of `size`), for about
     `budget` seconds and at least MIN_BATCHES batches. Sorted batches are visited in `spread`
     order, so that a short budget measures short and long rows alike."""
-    pad_limit = CPU_PAD_LIMIT if backend.provider == "cpu" else None  # as service.batcher
-    batches = _batches(rows, size, order, pad_limit)
+    batches = _batches(rows, size, order, pad_limit(backend.provider))
     if order == "sorted":
         batches = [batches[i] for i in spread(len(batches))]
     prepared = [feeds_for(backend, b) for b in batches]

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._cpu import stat_seconds
 from benchmarks._paths import portable, shown
 
 REPO = Path(__file__).resolve().parents[1]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # `python -m service` after a prelude (python -c): the same start, argv included
 RUN_SERVICE = "\nimport runpy; runpy.run_module('service', run_name='__main__', alter_sys=True)"
 
@@ -62,10 +62,9 @@ def _process_tree(pid: int) -> list[int]:
 
 def _cpu_seconds(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return stat_seconds(f"/proc/{pid}/stat")
+    except OSError:  # ended meanwhile
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
 class Server:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks import _engine, _load, _peer, _quality, _report, _server
+from benchmarks import _cpu, _engine, _load, _peer, _quality, _report, _server
 from benchmarks._data import ENDPOINTS, shared_data, workload
 from benchmarks._machine import cpu_name, gpu_name
 from heads.package import read_package
@@ -90,7 +90,7 @@ class CpuMeter:
 def _machine_busy() -> float:
     """CPU seconds all cores spent busy since boot (everything but idle and iowait)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _server.CLOCK_TICKS
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _cpu.CLOCK_TICKS
 
 
 def measure_raw(

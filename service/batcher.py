@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 # whole; limits of 4 to 16 were within 5% of each other (benchmarks/README.md). On a GPU,
 # larger batches win over padding waste: no limit there.
 CPU_PAD_LIMIT = 8
+
+
+def pad_limit(provider: str) -> int | None:
+    """The batch padding limit on `provider` ("cpu" or "cuda"): CPU_PAD_LIMIT on a CPU, where
+    a padded token costs as much as a real one; none on a GPU, which pads for free."""
+    return CPU_PAD_LIMIT if provider == "cpu" else None
+
+
 # Fewer texts than this are encoded one `encode` call each, not by `encode_batch`: waking the
 # tokenizers Rust pool for a few short texts cost more than it saved. SST-2 sentences on a busy
 # 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
@@ -112,7 +120,7 @@ class Batcher:
             metrics,
             max_batch_tokens=max_batch_tokens,
             max_batch_size=max_batch_size,
-            pad_limit=CPU_PAD_LIMIT if backend.provider == "cpu" else None,
+            pad_limit=pad_limit(backend.provider),
         )
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

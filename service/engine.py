@@ -151,10 +151,11 @@ class Engine:
     ) -> None:
         await self.stop()
 
-    def call(self) -> Call:
-        """A Call with the default deadline (request_timeout from now)."""
+    def call(self, where: str = "this call", traced: bool = False) -> Call:
+        """A Call with the default deadline (request_timeout from now); `traced`: one that
+        keeps its span times (TracedCall)."""
         loop = asyncio.get_running_loop()
-        return Call(loop.time() + self.settings.request_timeout)
+        return (TracedCall if traced else Call)(loop.time() + self.settings.request_timeout, where)
 
     # -- the tasks -------------------------------------------------------------------------
     # Each returns `run`'s coroutine rather than awaiting it in one of its own: one frame less

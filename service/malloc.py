@@ -9,7 +9,6 @@ answers per second unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 
@@ -40,5 +39,4 @@ def keep_large_blocks_mapped() -> None:
 def give_back_free_memory() -> None:
     """Hand the heap's free pages back to the system (after a retired version is closed)."""
     if (libc := _libc()) is not None:
-        with contextlib.suppress(OSError):
-            libc.malloc_trim(0)
+        libc.malloc_trim(0)

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from heads.package import ModelPackage
-from service.engine import Call, Engine, TracedCall
+from service.engine import Call, Engine
 from service.http import describe_validation, error_for
 from service.registry import Entry, LoadedModel, Registry
 from service.routes.deps import ApiKey
@@ -361,7 +361,7 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
     tracing = request.app.state.tracing  # None (off): not looked at again
     start, status, task_name, built = time.perf_counter(), 500, "", 0.0
     where = f"/v2/models/{name}/infer"
-    call = (Call if tracing is None else TracedCall)(engine.call().deadline, where)
+    call = engine.call(where, traced=tracing is not None)
     try:
         entry = _entry(registry, name, version)
         if "inference-header-content-length" in request.headers:  # JSON, then binary tensors
