@@ -10,7 +10,9 @@
 #   .gpu/whl/          the service's wheels the image lacks (fastapi, starlette, pydantic(-core,
 #                      -settings), python-dotenv, annotated-types, typing-inspection, uvicorn,
 #                      orjson, httptools, opentelemetry-api, importlib-metadata), cp312
-#   .gpu/data/         sst2/dev.tsv, stsb/dev.tsv, vocab/bert-base-uncased from ../shared/data
+#   .gpu/data/         sst2/{train,dev}.tsv, stsb/dev.tsv, vocab/bert-base-uncased and corpus/
+#                      (its books and wikitext-2) from ../shared/data
+# The `step` and `evidence` stages need only .gpu/data and .gpu/whl (torch is the image's).
 # Results land in /tmp/results, packed into $OUT/results.tgz after every step.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
@@ -21,6 +23,11 @@ PY=python3
 T0=$(date +%s)
 log() { echo "== $(( $(date +%s) - T0 ))s $*"; }
 pack() { tar -czf $OUT/results.tgz -C /tmp results; }
+collect() {  # the evidence runs finished so far (each fine-tuning writes evidence.json when done)
+  for f in /tmp/pe-*/sst2-*/evidence.json /tmp/pe-*/*/log.jsonl; do
+    [ -f "$f" ] && mkdir -p $R/evidence-runs && cp "$f" "$R/evidence-runs/$(echo ${f#/tmp/} | tr / _)"
+  done
+}
 deps() {  # project deps (service) into /tmp/site; the image's torch, tokenizers, numpy stay
   [ -d /tmp/site/fastapi ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl 2>&1 | tail -2
   export PYTHONPATH=/tmp/site
@@ -52,6 +59,23 @@ for stage in "$@"; do
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; $PY -V; nproc; free -g | head -2
     lscpu | grep -E 'Model name|Flags' | cut -c1-200
     $PY -c "import torch, onnxruntime; print('torch', torch.__version__, torch.version.cuda, 'ort', onnxruntime.__version__)" ;;
+  step)  # where BERT-base's pretraining step spends its time: loader vs device
+    deps
+    timeout 150 $PY -m benchmarks.pretrain_step --config base --batch-size 128 --steps 30 > $R/pretrain-step.log 2>&1
+    echo "rc=$?"; cat $R/pretrain-step.log | grep -v '^corpus' ;;
+  evidence)  # mini and small side by side: each pretrains ${BUDGET:-4m}, then 8 fine-tunings at once
+    deps
+    (while sleep 20; do collect; pack; done) & packer=$!
+    pids=()
+    for c in mini small; do
+      lr=1e-3; [ $c = small ] && lr=5e-4
+      timeout ${EVIDENCE_S:-520} $PY -m benchmarks.pretrain_evidence --config $c --budget ${BUDGET:-4m} \
+        --batch-size 256 --lr $lr --warmup 300 --eval-every 500 --finetune-epochs 1 --low-data 2000 \
+        --low-data-epochs 5 --jobs 8 --work /tmp/pe-$c --results $R --name pretrain_evidence_gpu_$c ${EVIDENCE_ARGS:-} \
+        > $R/evidence-$c.log 2>&1 & pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait $pid; echo "rc=$?"; done; kill $packer; collect
+    for c in mini small; do grep -v '^corpus\|it/s\]' $R/evidence-$c.log | tail -30; done ;;
   pretrain)
     mkdir -p /tmp/corpus; find training service heads benchmarks demo tests -name '*.py' -exec cp --backup=numbered {} /tmp/corpus/ \;
     for c in off on; do

@@ -2,7 +2,8 @@
 budget, then fine-tune SST-2 from it and from a random initialisation with the same settings.
 The gap between the two SST-2 dev accuracies is what pretraining bought.
 
-    python -m benchmarks.pretrain_evidence                       # 60 min pretraining + 4 x SST-2
+    python -m benchmarks.pretrain_evidence                       # 60 min pretraining + 8 x SST-2
+    python -m benchmarks.pretrain_evidence --config small --budget 4m --batch-size 256 --jobs 8
     python -m benchmarks.pretrain_evidence --budget 3h --batch-size 64
     python -m benchmarks.pretrain_evidence --throughput          # GPU only: + base at 128, seq/s, MFU
     python -m benchmarks.pretrain_evidence --throughput-only     # GPU only: just that, compile off/on
@@ -19,7 +20,8 @@ pretraining corpus's token frequencies, on the same batches and masks. A model b
 has learned something from context; a model at it has only learned how common words are.
 
 Fine-tuning: `training.finetune --task classification` on SST-2 train -> dev, the same arguments
-for both starting points (AdamW, batch 32, --finetune-epochs epochs, 10% warm-up), once per
+for both starting points (AdamW, batch 32, --finetune-epochs epochs, 10% warm-up), on all of
+train and on its first --low-data sentences (2,000, for --low-data-epochs), once per
 learning rate in --finetune-lr (default 1e-4 and 3e-4: Turc et al. use 1e-4 for the small BERTs,
 and a briefly pretrained model fine-tunes best at a higher rate than a random one). The gap
 compares each start's best rate, as Devlin et al. pick the best of a grid on dev; every run is
@@ -36,9 +38,13 @@ Results: benchmarks/results/pretrain_evidence.{json,md}; checkpoints under --wor
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
+import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -159,33 +165,69 @@ def random_init(pretrained: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def finetune_sst2(init: Path, out: Path, cli: argparse.Namespace, lr: float) -> dict:
+def finetune_sst2(
+    init: Path, out: Path, cli: argparse.Namespace, lr: float, examples: int | None
+) -> dict:
+    """One fine-tuning run: on all of SST-2 train, or on its first `examples` sentences for
+    --low-data-epochs. A finished run's result is kept beside its checkpoints and reused, so
+    an interrupted benchmark (a lent GPU's time running out) resumes with the runs left."""
+    done = out / "evidence.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    if cli.jobs > 1:  # the runs share the machine's cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cli.jobs))
     args = FinetuneArgs(
         task="classification",
         init=str(init),
         train=str(DATA / "sst2" / "train.tsv"),
         eval=str(DATA / "sst2" / "dev.tsv"),
         out=str(out),
-        epochs=cli.finetune_epochs,
+        epochs=cli.low_data_epochs if examples else cli.finetune_epochs,
         lr=lr,
         batch_size=32,
         max_steps=cli.finetune_steps,
+        max_train_examples=examples,
         max_eval_examples=cli.max_eval_examples,
         seed=cli.seed,
         precision=cli.precision,
         group_by_length=True,
     )
-    print(f"fine-tuning SST-2 from {init} at lr {lr:g}", flush=True)
+    print(f"fine-tuning SST-2 ({examples or 'all'} sentences) from {init} at lr {lr:g}", flush=True)
     t0 = time.perf_counter()
     result = finetune(args)
-    return {
+    report = {
         "accuracy": result.best["metrics"].get("accuracy"),
         "best_step": result.best["step"],
         "steps": result.steps,
         "seconds": round(time.perf_counter() - t0, 1),
         "lr": lr,
+        "examples": examples,
         "args": asdict(args),
     }
+    done.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def finetune_all(starts: dict[str, Path], cli: argparse.Namespace) -> dict[str, dict[str, list]]:
+    """Every start x arm x learning rate, --jobs of them at a time (separate processes: on a
+    GPU one small model's fine-tuning is bound by its host thread, so runs side by side share
+    the device instead of queueing for it). {arm: {start: [run, ...]}}."""
+    arms = {"all": None} | ({f"first {cli.low_data:,}": cli.low_data} if cli.low_data else {})
+    plan = [
+        (arm, name, (start, cli.work / f"sst2-{name.split()[0]}-{examples or 'all'}-lr{lr:g}", cli, lr, examples))
+        for arm, examples in arms.items()
+        for name, start in starts.items()
+        for lr in cli.finetune_lr
+    ]  # fmt: skip
+    if cli.jobs > 1:
+        with ProcessPoolExecutor(cli.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(finetune_sst2, *zip(*(job for _, _, job in plan), strict=True)))
+    else:
+        results = [finetune_sst2(*job) for _, _, job in plan]
+    table: dict[str, dict[str, list]] = {arm: {name: [] for name in starts} for arm in arms}
+    for (arm, name, _), result in zip(plan, results, strict=True):
+        table[arm][name].append(result)
+    return table
 
 
 def best(runs: list[dict]) -> dict:
@@ -287,18 +329,28 @@ def markdown(report: dict) -> str:
         f"| step {p['steps']} | {ev.get('mlm_loss', float('nan')):.3f} | "
         f"{ev.get('mlm_accuracy', 0):.3f} | {ev.get('nsp_accuracy', 0):.3f} |",
         "",
-        "SST-2 dev accuracy, same fine-tuning settings:",
+        "SST-2 dev accuracy, same fine-tuning settings for both starts (AdamW, batch 32, 10% "
+        f"warm-up; {report.get('finetune_epochs', 1)} epoch(s) on all of train, "
+        f"{report.get('low_data_epochs', '-')} on the low-data arm):",
         "",
-        "| start from | lr | accuracy | steps | time |",
-        "|---|---|---|---|---|",
+        "| train sentences | start from | lr | accuracy | steps | time |",
+        "|---|---|---|---|---|---|",
     ]
-    for name in ("pretrained", "random init"):
-        for r in ft[name]:
-            lines.append(
-                f"| {name} | {r['lr']:g} | {r['accuracy']:.1f} | {r['steps']} | {r['seconds']:.0f}s |"
-            )
-    gap = best(ft["pretrained"])["accuracy"] - best(ft["random init"])["accuracy"]  # in %
-    lines += ["", f"**Gap: {gap:+.1f} points** for pretraining (best learning rate against best)."]
+    arms = ft if "all" in ft else {"all": ft}  # results written before the low-data arm
+    for arm, starts in arms.items():
+        for name, runs in starts.items():
+            for r in runs:
+                lines.append(
+                    f"| {arm} | {name} | {r['lr']:g} | {r['accuracy']:.1f} | {r['steps']} | {r['seconds']:.0f}s |"
+                )
+    lines.append("")
+    for arm, starts in arms.items():
+        gap = (
+            best(starts["pretrained"])["accuracy"] - best(starts["random init"])["accuracy"]
+        )  # in %
+        lines.append(
+            f"**Gap, {arm} sentences: {gap:+.1f} points** for pretraining (best learning rate against best)."
+        )
     if report.get("throughput"):
         t = report["throughput"]
         lines += [
@@ -351,6 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--finetune-steps", type=int, default=0, help="cap fine-tuning steps (0: epochs)"
     )
+    p.add_argument(
+        "--low-data",
+        type=int,
+        default=2000,
+        help="also fine-tune both starts on the first N train sentences only (0: not)",
+    )
+    p.add_argument("--low-data-epochs", type=int, default=5, help="epochs of the low-data arm")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="fine-tuning runs side by side, each its own process"
+    )
     p.add_argument("--max-eval-examples", type=int, help="evaluate SST-2 on the first N (smoke)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(  # both stages: pretraining and the SST-2 fine-tuning
@@ -366,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only BERT-base's GPU throughput, compile off and on: pretrain_throughput.{json,md}",
     )
     p.add_argument("--work", type=Path, default=REPO / "runs" / "pretrain_evidence")
+    p.add_argument("--name", default="pretrain_evidence", help="results file name under --results")
     p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
     cli = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -394,26 +457,19 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": bool(cli.finetune_steps or cli.max_eval_examples),
         "config": cli.config,
         "tokenizer": cli.tokenizer,
+        "finetune_epochs": cli.finetune_epochs,
+        "low_data_epochs": cli.low_data_epochs,
         "pretraining": pretrain_model(cli, pretrained),
     }
     init = random_init(pretrained, cli.work / "random-init", cli.seed)
-    report["sst2"] = {
-        name: [
-            finetune_sst2(start, cli.work / f"sst2-{tag}-lr{lr:g}", cli, lr)
-            for lr in cli.finetune_lr
-        ]
-        for name, tag, start in (
-            ("pretrained", "pretrained", pretrained),
-            ("random init", "random", init),
-        )
-    }
+    report["sst2"] = finetune_all({"pretrained": pretrained, "random init": init}, cli)
     if cli.throughput:
         if torch.cuda.is_available():
             report["throughput"] = gpu_throughput(cli, cli.work)
         else:
             print("--throughput needs a GPU: skipped", file=sys.stderr)
 
-    print(write_results(cli.results, "pretrain_evidence", report, markdown(report)).read_text())
+    print(write_results(cli.results, cli.name, report, markdown(report)).read_text())
     return 0
 
 

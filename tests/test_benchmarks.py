@@ -162,3 +162,38 @@ def test_ours_and_trainers_loops_run_side_by_side_on_the_same_rows(
     assert 0 < row["ours_final_loss"][0] < 10 and 0 < row["trainer_final_loss"][0] < 10
     assert report["threads"] >= 1 and report["cpu"]
     assert "| conll | fp32 |" in (tmp_path / "finetune_vs_trainer.md").read_text()
+
+
+def test_the_pretraining_step_probe_times_each_mode_on_a_small_corpus(tmp_path, capsys):
+    """benchmarks.pretrain_step on CPU, BERT-tiny, a corpus and vocabulary written here: the
+    loader alone, the step on a resident batch, inline and with the loader thread, each timed."""
+    from benchmarks import pretrain_step
+
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "while",
+        "dogs",
+        "ran",
+        "far",
+        "away",
+        "from",
+        "home",
+    ]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
+    blocks = [" ".join(words[i:] + words[:i]) + " ." for i in range(len(words))]
+    (tmp_path / "book.txt").write_text("\n\n".join("\n".join(blocks[i:i + 4]) for i in range(9)))  # fmt: skip
+    assert pretrain_step.main(["--config", "tiny", "--batch-size", "4", "--steps", "2", "--warmup", "1",
+                               "--corpus", str(tmp_path / "book.txt"), "--tokenizer",
+                               str(tmp_path / "vocab.txt"), "--cache-dir", str(tmp_path / "cache")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    modes = ["loader alone", "batch on device", "as trained (inline loader)", "loader thread ahead"]
+    for mode in modes:
+        [line] = [x for x in out.splitlines() if x.startswith(f"mode {mode} ")]
+        assert float(line.split("ms_per_step ")[1].split()[0]) > 0
+    assert "-bound territory" in out

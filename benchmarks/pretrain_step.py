@@ -1,0 +1,164 @@
+"""Where a pretraining step's time goes: the loader alone (the host's bound), the step on a
+batch already on the device (the device's bound), and the two in one thread as
+training.pretrain runs them, then with the loader in a thread ahead of the step.
+
+    python -m benchmarks.pretrain_step --config base --batch-size 128          # on a GPU
+    python -m benchmarks.pretrain_step --config tiny --batch-size 16 --steps 5  # smoke, CPU
+
+If the step as trained runs at about the loader's rate while the device-bound step is faster,
+the host is the bound and MFU is lost there, not in the kernels. The corpus is
+../shared/data/corpus's books (or --corpus), bert-base-uncased's vocabulary, sequence 128,
+MLM + NSP, bf16 autocast on a GPU; AdamW as the trainer builds it (fused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from training.data.corpus import corpus_files
+from training.model import BertForPreTraining
+from training.optim import adamw
+from training.pretrain import (
+    H100_BF16_TFLOPS,
+    flops_per_token,
+    get_config,
+    get_tokenizer,
+    make_streams,
+    parse_args,
+    pretraining_loss,
+)
+from training.trainer import Dist, autocast, resolve_precision
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+BOOKS = ["gutenberg_nltk", "misc_pd_books", "tinyshakespeare"]
+
+
+def prefetched(
+    next_batch: Callable[[], dict], device: torch.device, depth: int
+) -> Iterator[tuple[int, dict]]:
+    """(real tokens, batch) built by a thread `depth` ahead, pinned, copied without blocking."""
+    q: queue.Queue = queue.Queue(depth)
+
+    def fill() -> None:
+        while True:
+            batch = next_batch()
+            if device.type == "cuda":
+                batch = {k: v.pin_memory() for k, v in batch.items()}
+            q.put(batch)
+
+    threading.Thread(target=fill, daemon=True).start()
+    while True:
+        batch = q.get()
+        yield (
+            int(batch["attention_mask"].sum()),
+            {k: v.to(device, non_blocking=True) for k, v in batch.items()},
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", default="base", help="model preset (tiny, mini, small, base)")
+    p.add_argument("--batch-size", type=int, default=128, help="sequences a step")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per mode")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before each mode")
+    p.add_argument("--corpus", nargs="+", default=[str(DATA / "corpus" / c) for c in BOOKS])
+    p.add_argument("--tokenizer", default=str(DATA / "vocab" / "bert-base-uncased" / "vocab.txt"))
+    p.add_argument("--cache-dir", help="tokenized corpus cache (default: training.pretrain's)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model too")
+    cli = p.parse_args(argv)
+    args = parse_args(
+        ["--corpus", *cli.corpus, "--tokenizer", cli.tokenizer, "--config", cli.config,
+         "--batch-size", str(cli.batch_size), "--steps", "1", "--out", "/nonexistent"]
+        + (["--compile"] if cli.compile else [])
+        + (["--cache-dir", cli.cache_dir] if cli.cache_dir else [])
+    )  # fmt: skip
+    d = Dist()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision("auto", device)
+    tokenizer = get_tokenizer(args, d, corpus_files(args.corpus))
+    stream, _ = make_streams(args, d, tokenizer, corpus_files(args.corpus))
+    config = get_config(args, tokenizer)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).to(device).train()
+    run_model = torch.compile(model) if cli.compile else model
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    optimizer = adamw(model, 1e-4, 0.01)
+    loss_fn = pretraining_loss("mlm+nsp")
+    params = [q for q in model.parameters() if q.requires_grad]
+    per_token = flops_per_token(config, args.max_seq_length, args.mlm_probability)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step(batch: dict) -> None:
+        with autocast(device, precision):
+            loss = loss_fn(run_model, batch)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def timed(name: str, one: Callable[[], int]) -> dict:
+        for _ in range(cli.warmup):
+            one()
+        sync()
+        t0, tokens = time.perf_counter(), 0
+        for _ in range(cli.steps):
+            tokens += one()
+        sync()
+        s = time.perf_counter() - t0
+        row = {"mode": name, "ms_per_step": 1e3 * s / cli.steps,
+               "seq_per_s": cli.steps * cli.batch_size / s}  # fmt: skip
+        if device.type == "cuda" and name != "loader alone":
+            row["mfu"] = tokens * per_token / s / (H100_BF16_TFLOPS * 1e12)
+        print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()), flush=True)  # fmt: skip
+        return row
+
+    fixed = {k: v.to(device) for k, v in stream.next_batch().items()}
+    fixed_tokens = int(fixed["attention_mask"].sum())
+
+    def on_device() -> int:
+        step(fixed)
+        return fixed_tokens
+
+    def inline() -> int:
+        batch = stream.next_batch()
+        step({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        return int(batch["attention_mask"].sum())
+
+    ahead = prefetched(stream.next_batch, device, depth=4)
+
+    def threaded() -> int:
+        tokens, batch = next(ahead)
+        step(batch)
+        return tokens
+
+    def loader() -> int:
+        stream.next_batch()
+        return 0
+
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}, {cli.config} batch {cli.batch_size} x "
+          f"{args.max_seq_length}, {precision}{', compiled' if cli.compile else ''}")  # fmt: skip
+    rows = [timed("loader alone", loader), timed("batch on device", on_device),
+            timed("as trained (inline loader)", inline), timed("loader thread ahead", threaded)]  # fmt: skip
+    gpu, host = rows[1]["ms_per_step"], rows[0]["ms_per_step"]
+    print(f"device step {gpu:.1f} ms, loader {host:.1f} ms a batch: "
+          f"{'host' if host > 0.5 * gpu else 'device'}-bound territory")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
