@@ -28,7 +28,7 @@ RUN_SERVICE = "\nimport runpy; runpy.run_module('service', run_name='__main__', 
 
 
 # What `benchmarks._paths.shown` cannot make relative: a scratch build or another checkout.
-_SCRATCH = re.compile(r"(?<![\w.])/(?:tmp|work|home|root|var|mnt|data)(?:/[^\s/`'\"]+)+")
+_SCRATCH = re.compile(r"(?<![\w.])/(?:tmp|work|home|root|var|mnt|data|opt)(?:/[^\s/`'\"]+)+")
 
 
 def local_paths(value: Any) -> Any:
@@ -126,9 +126,15 @@ def serve(
 
 @contextmanager
 def running(
-    args: list[str], cwd: Path, env: dict[str, str] | None, port: int, log: Path
+    args: list[str],
+    cwd: Path,
+    env: dict[str, str] | None,
+    port: int,
+    log: Path,
+    ready: str = "/ready",
 ) -> Iterator[Server]:
-    """Run `args` (a server listening on `port`), wait for /ready, SIGTERM it afterwards."""
+    """Run `args` (a server listening on `port`), wait until `ready` answers 200, SIGTERM it
+    afterwards."""
     # cwd first on the path: its `service` runs even where another tree is pip-installed
     path = os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
     environ = {**os.environ, "PYTHONPATH": path, **(env or {})}
@@ -138,7 +144,7 @@ def running(
         )
     server = Server(process, f"http://127.0.0.1:{port}", log)
     try:
-        _wait_ready(server, timeout=180)
+        _wait_ready(server, timeout=180, path=ready)
         yield server
     finally:
         process.send_signal(signal.SIGTERM)
@@ -149,13 +155,13 @@ def running(
             process.wait()
 
 
-def _wait_ready(server: Server, timeout: float) -> None:
+def _wait_ready(server: Server, timeout: float, path: str = "/ready") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"the server exited at start-up:\n{server.log.read_text()[-3000:]}")
         try:
-            if httpx.get(server.base_url + "/ready", timeout=2).status_code == 200:
+            if httpx.get(server.base_url + path, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -125,7 +125,11 @@ class Batcher:
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tokenizing: list[Queued] = []  # requests in the encoder's thread now
-        self._running: list[Queued] = []  # requests with rows in the backend's thread now
+        self._encoding = False  # an encoder call is running in its thread
+        # how many batches may run at once, each in its own thread (the backend's lanes)
+        self.lanes = backend.lanes
+        self._lanes: dict[asyncio.Task[None], list[Queued]] = {}  # running batch -> its requests
+        self._alone_running = False  # the running batch has every core: start no other
 
     def start(self) -> None:
         # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
@@ -149,7 +153,11 @@ class Batcher:
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
         self.queue.close([*self._running, *self._tokenizing])
-        self._tokenizing, self._running = [], []
+        self._tokenizing = []
+        lanes = list(self._lanes)  # their threads finish on their own; nothing is answered
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
 
     def enqueue(
         self, job: Job, deadline: float, timing: Timing | None = None
@@ -169,47 +177,83 @@ class Batcher:
         return await self.enqueue(job, deadline)
 
     async def _run(self) -> None:
+        """Dispatch until stopped: tokenize what arrived (one encoder call at a time), start
+        batches while a lane is free, then sleep until a job arrives or a lane or the encoder
+        finishes (each sets `queue.arrived`)."""
         loop = asyncio.get_running_loop()
         queue = self.queue
+        wake = queue.arrived
         while True:
-            if queue.empty:
-                queue.arrived.clear()
-                await queue.arrived.wait()
-                continue
-            new = queue.take_new()
-            if new and queue.oldest() is None:
-                # idle model: these rows are the next batch
-                if len(new) == 1 and sum(map(len, new[0].job.texts)) <= INLINE_CHARS:
-                    self._tokenize_here(new)
-                else:
-                    await self._tokenize(new)
-                new = []
-            if self.max_wait and queue.depth < self.max_batch_size:
-                oldest = queue.oldest()
-                if (
-                    oldest is not None
-                    and (wait := oldest.enqueued + self.max_wait - loop.time()) > 0
-                ):
-                    await asyncio.sleep(wait)
-                    if new := new + queue.take_new():
+            wake.clear()
+            if not self._encoding and (new := queue.take_new()):
+                if not self._lanes and queue.oldest() is None:
+                    # idle model: these rows are the next batch; encode them first
+                    if len(new) == 1 and sum(map(len, new[0].job.texts)) <= INLINE_CHARS:
+                        self._tokenize_here(new)
+                    else:
                         await self._tokenize(new)
-                        new = []
-            batch = queue.next_batch()
-            work = (
-                [self._guarded(self._execute(batch, time.perf_counter()), batch)] if batch else []
-            )
-            if new:
-                work.append(self._tokenize(new))
-            await asyncio.gather(*work)
+                else:  # overlaps the batches running
+                    self._encoding = True
+                    self._spawn(self._tokenize(new), encoder=True)
+            if self.max_wait and not self._lanes and queue.depth < self.max_batch_size:
+                oldest = queue.oldest()
+                if oldest is not None and (at := oldest.enqueued + self.max_wait) > loop.time():
+                    loop.call_at(at, wake.set)
+                    await wake.wait()
+                    continue
+            while len(self._lanes) < self.lanes and not self._alone_running:
+                batch = queue.next_batch()
+                if not batch:
+                    break
+                # the only work: a backend with lanes may give it every core
+                alone = not self._lanes and queue.depth == 0 and not self._encoding
+                self._alone_running = alone
+                lane = self._spawn(self._lane(batch, alone))
+                self._lanes[lane] = [r for r, _ in batch]
+            if not wake.is_set():
+                await wake.wait()
 
-    async def _guarded(self, step: Any, batch: list[tuple[Queued, int]]) -> None:
-        self._running = [r for r, _ in batch]
-        try:
-            await step
-        except Exception:  # a bug here must not kill the worker
-            log.exception("%s: batch failed outside the backend", self.name)
-            self._fail(batch, BackendError("internal error while batching"))
-        self._running = []
+    def _spawn(self, step: Any, encoder: bool = False) -> asyncio.Task[None]:
+        task = asyncio.create_task(step)
+        task.add_done_callback(self._encoded if encoder else self._lane_done)
+        return task
+
+    def _encoded(self, _: asyncio.Task[None]) -> None:
+        self._encoding = False
+        self.queue.arrived.set()
+
+    def _lane_done(self, task: asyncio.Task[None]) -> None:
+        self._lanes.pop(task, None)
+        self._alone_running = False
+        self.queue.arrived.set()
+
+    @property
+    def _running(self) -> list[Queued]:
+        return [r for requests in self._lanes.values() for r in requests]
+
+    async def _lane(self, batch: list[tuple[Queued, int]], alone: bool) -> None:
+        """Run `batch`, then (unless it ran alone) the next batch of the queue while there is
+        one: the next starts in its thread before the finished one's requests are answered,
+        so the lane's core does not wait while the event loop writes those answers."""
+        lane = asyncio.current_task()
+        assert lane is not None
+        running: tuple[list[tuple[Queued, int]], asyncio.Future[Any]] | None
+        running = self._start(batch, alone)
+        while running is not None:
+            batch, future = running
+            self._lanes[lane] = [r for r, _ in batch]
+            try:
+                done, answers = await future
+            except Exception as exc:
+                self._fail(batch, BackendError(f"inference failed ({type(exc).__name__}); retry"))
+                done, answers = [], []
+            following = [] if alone else self.queue.next_batch()
+            running = self._start(following, False) if following else None
+            try:
+                self._answer(done, answers)
+            except Exception:  # a bug here must not kill the lane
+                log.exception("%s: batch failed outside the backend", self.name)
+                self._fail(batch, BackendError("internal error while batching"))
 
     # -- step 1: texts -> rows -------------------------------------------------------------
 
@@ -283,24 +327,25 @@ class Batcher:
 
     # -- step 3: run it, and answer the requests it completes ------------------------------
 
-    async def _execute(self, batch: list[tuple[Queued, int]], now: float) -> None:
-        waited = []
+    def _start(
+        self, batch: list[tuple[Queued, int]], alone: bool
+    ) -> tuple[list[tuple[Queued, int]], asyncio.Future[Any]]:
+        """Close the queue wait of the batch's requests and start its inference in a thread."""
+        now = time.perf_counter()
         for request, _ in batch:
             if not request.started:
                 request.started = True
-                waited.append(now - request.queued_at)
+                waited = now - request.queued_at
+                self.metrics.queue_wait.observe(waited)
                 # the header's queue time leaves out the tokenization it waited through
-                request.timing.queue = max(0.0, waited[-1] - request.timing.tokenization)
-        for seconds in waited:
-            self.metrics.queue_wait.observe(seconds)
-        try:
-            done, answers = await asyncio.to_thread(self._infer, batch)
-        except Exception as exc:
-            self._fail(batch, BackendError(f"inference failed ({type(exc).__name__}); retry"))
-            return
-        self._answer(done, answers)
+                request.timing.queue = max(0.0, waited - request.timing.tokenization)
+        loop = self._loop
+        assert loop is not None
+        return batch, loop.run_in_executor(None, self._infer, batch, alone)
 
-    def _infer(self, batch: list[tuple[Queued, int]]) -> tuple[list[Queued], list[Any]]:
+    def _infer(
+        self, batch: list[tuple[Queued, int]], alone: bool
+    ) -> tuple[list[Queued], list[Any]]:
         """In a thread: pad, run, slice each row's outputs; the answers of the requests whose
         last row this was (an exception in place of an answer fails only its request)."""
         rows = [request.rows[i] for request, i in batch]
@@ -310,7 +355,7 @@ class Batcher:
         self.metrics.batch_tokens.observe(size * longest)
         start = time.perf_counter()
         try:
-            outputs = self.backend.run(feeds)
+            outputs = self.backend.run(feeds, alone)
         except Exception:
             log.exception("%s: inference failed on a batch of %d x %d", self.name, size, longest)
             raise

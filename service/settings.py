@@ -114,6 +114,14 @@ class Settings(BaseSettings):
         description="ONNX Runtime threads per forward pass; 0 = its default (one per "
         "physical core). Lower it when several models or replicas share the cores.",
     )
+    concurrent_batches: int = Field(
+        default=0,
+        ge=0,
+        description="Batches one model may run at once on CPU, each on its share of the "
+        "intra-op threads; 0 = one per thread (one per core unless intra_op_threads is set). "
+        "A batch that runs alone still gets every thread. Above 1 the model is opened twice "
+        "(memory x2): 1 runs one batch at a time in one session. Ignored on a GPU.",
+    )
     intra_op_spinning: bool = Field(
         default=True,
         description="Let ONNX Runtime's threads busy-wait for the next parallel section "

@@ -191,6 +191,7 @@ class Gated:
     def __init__(self, inner: Backend, hold: bool = False, delay: float = 0.0) -> None:
         self.inner = inner
         self.provider = inner.provider
+        self.lanes = inner.lanes
         self.delay = delay  # seconds added to each forward pass: a heavier model
         self.calls = 0
         self.rows: list[int] = []  # rows per forward pass
@@ -202,7 +203,7 @@ class Gated:
         if not hold:
             self.gate.set()
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
         self.calls += 1
         call = self.calls
         self.rows.append(len(feeds["input_ids"]))
@@ -213,7 +214,7 @@ class Gated:
             time.sleep(self.delay)
         if call in self.poison:
             feeds = {**feeds, "input_ids": np.full_like(feeds["input_ids"], 10**9)}
-        return self.inner.run(feeds)
+        return self.inner.run(feeds, alone)
 
 
 def gate(app: Any, name: str = "sst2", hold: bool = False, delay: float = 0.0) -> Gated:

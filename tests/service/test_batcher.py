@@ -32,6 +32,7 @@ class FakeBackend:
     `gate` holds the first batch until released; `fail_on` fails a batch containing that id."""
 
     provider = "cpu"
+    lanes = 1
 
     def __init__(self, fail_on: int | None = None, hold_first: bool = False) -> None:
         self.batches: list[np.ndarray] = []
@@ -41,7 +42,7 @@ class FakeBackend:
         if not hold_first:
             self.gate.set()
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
         self.entered.set()
         self.gate.wait(10)
         ids, mask = feeds["input_ids"], feeds["attention_mask"]
@@ -282,8 +283,8 @@ async def test_admission_refuses_past_the_limit_with_retry_after() -> None:
 class NaNBackend(FakeBackend):
     """Like FakeBackend, but token 99 comes out NaN and every padding position infinite."""
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = super().run(feeds)
+    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+        out = super().run(feeds, alone)
         tokens = np.where(feeds["input_ids"] == 99, np.nan, out["tokens"])
         out["tokens"] = np.where(feeds["attention_mask"] == 0, np.inf, tokens)
         return out
@@ -390,4 +391,53 @@ async def test_a_failure_tokenizing_on_the_loop_fails_only_its_request() -> None
         await batcher.submit(Texts("a fine movie", broken=True), deadline())
     assert batcher.alive
     assert (await batcher.submit(Texts("a dull one"), deadline()))[0]["total"] == 123
+    await batcher.stop()
+
+
+class LaneBackend(FakeBackend):
+    """Two lanes. Records `alone` per batch; batches run beside another wait at a barrier of
+    two, which breaks (and fails the batch) unless a second batch runs at the same time."""
+
+    lanes = 2
+
+    def __init__(self, hold_first: bool = False) -> None:
+        super().__init__(hold_first=hold_first)
+        self.alone: list[bool] = []
+        self.together = threading.Barrier(2, timeout=5)
+
+    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+        self.alone.append(alone)
+        out = super().run(feeds, alone)
+        if not alone:
+            self.together.wait()
+        return out
+
+
+async def test_lanes_run_batches_side_by_side_and_a_lone_batch_alone() -> None:
+    backend = LaneBackend(hold_first=True)
+    batcher, _ = make(backend)
+    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    # the first runs alone (with every core): nothing starts beside it, however much queues
+    short, long = (asyncio.create_task(submit(batcher, [r], deadline())) for r in (seq(3, 10), seq(40, 100)))  # fmt: skip
+    await asyncio.sleep(0.05)
+    assert backend.alone == [True]
+    backend.gate.set()
+    await asyncio.gather(first, short, long)  # two lengths too far apart for one CPU batch
+    assert backend.alone == [True, False, False]  # ... ran side by side, on the lanes
+    assert sorted(b.shape[1] for b in backend.batches[1:]) == [3, 40]
+    await batcher.stop()
+
+
+async def test_one_lane_runs_one_batch_at_a_time_and_each_alone() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, _ = make(backend)
+    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)
+    rest = [asyncio.create_task(submit(batcher, [r], deadline())) for r in (seq(3, 10), seq(40, 100))]  # fmt: skip
+    await asyncio.sleep(0.05)
+    assert len(backend.batches) == 0  # the first is still held, and nothing runs beside it
+    backend.gate.set()
+    await asyncio.gather(first, *rest)
+    assert len(backend.batches) == 3
     await batcher.stop()

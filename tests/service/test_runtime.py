@@ -72,9 +72,38 @@ def test_device_cuda_without_cuda_fails_the_package(package) -> None:
 def test_warm_up_refuses_non_finite_outputs() -> None:
     class NaNs:
         provider = "cpu"
+        lanes = 1
 
-        def run(self, feeds):
+        def run(self, feeds, alone=True):
             return {"logits": np.array([[np.nan, 0.0]], dtype=np.float32)}
 
     with pytest.raises(RuntimeError, match="not finite"):
         warm_up(NaNs(), feeds())
+
+
+def test_lanes_open_a_second_session_that_answers_the_same(package) -> None:
+    path = package.variant_path("fp32")
+    backend = runtime.OrtBackend(path, [runtime.CPU], 2, False, lanes=2, lane_threads=1)
+    assert backend.lanes == 2
+    wide, lane = backend.run(feeds(), alone=True), backend.run(feeds(), alone=False)
+    np.testing.assert_allclose(wide["logits"], lane["logits"], rtol=1e-5, atol=1e-6)
+    assert backend._lane_session is not backend.session
+    assert backend._lane_session.get_session_options().intra_op_num_threads == 1
+    single = runtime.OrtBackend(path, [runtime.CPU], 2, False)
+    assert single.lanes == 1 and single._lane_session is single.session
+
+
+def test_cpu_lanes_split_the_thread_budget(monkeypatch) -> None:
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert runtime.cpu_lanes(Settings()) == (8, 1)  # one per core, a thread each
+    assert runtime.cpu_lanes(Settings(concurrent_batches=1)) == (1, 8)  # one session
+    assert runtime.cpu_lanes(Settings(concurrent_batches=4)) == (4, 2)
+    assert runtime.cpu_lanes(Settings(intra_op_threads=2)) == (2, 1)  # --workers' share
+    assert runtime.cpu_lanes(Settings(intra_op_threads=1)) == (1, 1)
+
+
+def test_open_backend_gives_a_cpu_model_its_lanes(package) -> None:
+    backend, _ = open_backend(package, Settings(device="cpu", concurrent_batches=2))
+    assert backend.lanes == 2
+    backend, _ = open_backend(package, Settings(device="cpu", concurrent_batches=1))
+    assert backend.lanes == 1
