@@ -2,7 +2,7 @@
 
 Requests arrive as `Job`s (heads.tasks): texts plus what to do with them. The queue policy
 (admission, deadlines, disconnect drops, which rows form the next batch) is service.job_queue;
-this module runs it. One worker task per model, in a loop:
+this module runs it. One worker task per model dispatches, in a loop:
 
 1. encode the texts of every job that arrived since its last look in one `encode_batch` call
    (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows, in a thread
@@ -19,6 +19,12 @@ this module runs it. One worker task per model, in a loop:
 4. in one thread hop: pad, run the backend, hand each row its slice of the outputs, and ask
    each job whose last row this was for its answer. The event loop meanwhile only accepts
    requests and writes answers.
+
+A backend with lanes (service.runtime.OrtBackend on CPU) runs up to `lanes` batches at once,
+each a lane task with its own thread hop; a lane takes the queue's next batch itself and
+starts it before handing back the finished batch's answers. A batch that is the only work
+(no other lane, nothing queued or being encoded) runs "alone", with every thread of the
+backend, and no lane starts beside it.
 
 A request's rows may land in different batches; it completes when its last row does. A backend
 exception fails the requests of that batch only (BackendError) and the worker carries on.
