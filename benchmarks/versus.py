@@ -39,27 +39,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _engine, _load, _server
+from benchmarks import _engine, _load, _server, server_cost
 from benchmarks._data import shared_data, workload
 from benchmarks._machine import cpu_name
 from benchmarks._paths import write_results
+from benchmarks.serve import CpuMeter, log
 from heads.package import read_package
 from service.settings import Settings
 
 LEVELS = ("1", "8", "32", "4x32")  # clients, or clients x sentences per request
 
 
-def log(msg: str) -> None:
-    print(f"[versus {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def bodies(texts: list[str], per_request: int, model: str) -> list[dict[str, Any]]:
-    if per_request == 1:
-        return [{"model": model, "input": t} for t in texts]
-    return [
-        {"model": model, "input": texts[i : i + per_request]}
-        for i in range(0, len(texts) - per_request + 1, per_request)
-    ]
+    """OpenAI embeddings bodies of `per_request` texts each, naming `model`."""
+    return [b | {"model": model} for b in server_cost.bodies("/v1/embeddings", texts, per_request)]
 
 
 def parse_level(level: str) -> tuple[int, int]:
@@ -88,12 +81,10 @@ def measure(server: _server.Server, texts: list[str], model: str, cli: argparse.
         sent = bodies(texts, per, model)
         rows = [per] * len(sent)
         toks = [sum(tokens[t] for t in ([b["input"]] if per == 1 else b["input"])) for b in sent]
-        cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+        meter = CpuMeter(server)
         got = _load.run_level(server.base_url + "/v1/embeddings", sent, rows, toks, clients,
                               warmup=cli.warmup, duration=cli.duration).summary()  # fmt: skip
-        got["server_cpu_cores"] = round(
-            (server.cpu_seconds() - cpu0) / (time.perf_counter() - t0), 2
-        )
+        got["server_cpu_cores"] = round(meter.read()["server_cpu_cores"], 2)
         if got["errors"]:
             raise RuntimeError(f"errors at level {level}: {got['errors']}")
         out[level] = got

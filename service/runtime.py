@@ -116,11 +116,16 @@ def _session(
     return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
 
 
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, which a container's cpuset narrows."""
+    return len(os.sched_getaffinity(0))
+
+
 def cpu_lanes(settings: Settings) -> tuple[int, int]:
     """(batches at once, intra-op threads each) on CPU: concurrent_batches, or one per core
-    of the process's thread budget (intra_op_threads, else the cores it may use), splitting
-    that budget evenly so the lanes never ask for more threads than it has."""
-    budget = settings.intra_op_threads or len(os.sched_getaffinity(0))
+    of the process's thread budget (intra_op_threads, else its usable cores), splitting that
+    budget evenly so the lanes never ask for more threads than it has."""
+    budget = settings.intra_op_threads or usable_cores()
     lanes = settings.concurrent_batches or budget
     return lanes, max(1, budget // lanes)
 

@@ -32,6 +32,7 @@ import time
 from types import FrameType
 
 from service.registry import LoadFlags
+from service.runtime import usable_cores
 from service.settings import Settings
 
 log = logging.getLogger("service.workers")
@@ -39,9 +40,9 @@ POLL_SECONDS = 0.2
 
 
 def share_of_cores(workers: int) -> int:
-    """Intra-op threads for each of `workers` processes: the cores this process may use
-    (its CPU affinity, which a container's cpuset narrows) split evenly, at least 1."""
-    return max(1, len(os.sched_getaffinity(0)) // workers)
+    """Intra-op threads for each of `workers` processes: the usable cores split evenly, at
+    least 1."""
+    return max(1, usable_cores() // workers)
 
 
 def _bound(host: str, port: int, reuse_port: bool) -> socket.socket:

@@ -197,3 +197,23 @@ def test_the_pretraining_step_probe_times_each_mode_on_a_small_corpus(tmp_path, 
         [line] = [x for x in out.splitlines() if x.startswith(f"mode {mode} ")]
         assert float(line.split("ms_per_step ")[1].split()[0]) > 0
     assert "-bound territory" in out
+
+
+def test_versus_serves_every_level_and_writes_the_ratios(tmp_path, shared_data):
+    """benchmarks.versus without infinity on a tiny embedding package: the raw ceiling, our
+    server at one-text and many-text levels through /v1/embeddings, the report's ratios."""
+    import json
+
+    from benchmarks import versus
+
+    package = build_tiny_package(tmp_path / "tiny-embed", "embedding").path
+    assert versus.main(["--package", str(package), "--no-infinity", "--variants", "fp32",
+                        "--levels", "1", "2x4", "--rounds", "1", "--duration", "0.3",
+                        "--warmup", "0.2", "--raw-budget", "0.05", "--data", str(shared_data),
+                        "--out", str(tmp_path)]) == 0  # fmt: skip
+    report = json.loads((tmp_path / f"versus-{package.name}.json").read_text())
+    served = report["best"]["bert-heads fp32"]
+    assert set(served) == {"1", "2x4"} and all(v["sequences_per_s"] > 0 for v in served.values())
+    assert served["2x4"]["sequences_per_s"] >= served["2x4"]["requests_per_s"] * 4 * 0.99
+    assert report["raw"]["fp32"]["sequences_per_s"] > 0
+    assert "served / raw at 32 clients" not in (tmp_path / f"versus-{package.name}.md").read_text()
