@@ -413,31 +413,34 @@ class LaneBackend(FakeBackend):
         return out
 
 
-async def test_lanes_run_batches_side_by_side_and_a_lone_batch_alone() -> None:
-    backend = LaneBackend(hold_first=True)
+async def held_first_then_two(backend: FakeBackend) -> tuple[Batcher, list[asyncio.Task[Any]]]:
+    """A batcher whose first request's batch is held in the backend (hold_first) while two
+    more queue, of lengths too far apart for one CPU batch: (batcher, the three requests)."""
     batcher, _ = make(backend)
     first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)
-    # the first runs alone (with every core): nothing starts beside it, however much queues
-    short, long = (asyncio.create_task(submit(batcher, [r], deadline())) for r in (seq(3, 10), seq(40, 100)))  # fmt: skip
+    rest = [asyncio.create_task(submit(batcher, [r], deadline())) for r in (seq(3, 10), seq(40, 100))]  # fmt: skip
     await asyncio.sleep(0.05)
+    return batcher, [first, *rest]
+
+
+async def test_lanes_run_batches_side_by_side_and_a_lone_batch_alone() -> None:
+    backend = LaneBackend(hold_first=True)
+    batcher, requests = await held_first_then_two(backend)
+    # the first runs alone (with every core): nothing starts beside it, however much queues
     assert backend.alone == [True]
     backend.gate.set()
-    await asyncio.gather(first, short, long)  # two lengths too far apart for one CPU batch
-    assert backend.alone == [True, False, False]  # ... ran side by side, on the lanes
+    await asyncio.gather(*requests)
+    assert backend.alone == [True, False, False]  # the other two ran side by side, on the lanes
     assert sorted(b.shape[1] for b in backend.batches[1:]) == [3, 40]
     await batcher.stop()
 
 
 async def test_one_lane_runs_one_batch_at_a_time_and_each_alone() -> None:
     backend = FakeBackend(hold_first=True)
-    batcher, _ = make(backend)
-    first = asyncio.create_task(submit(batcher, [seq(3, 1)], deadline()))
-    await asyncio.to_thread(backend.entered.wait, 5)
-    rest = [asyncio.create_task(submit(batcher, [r], deadline())) for r in (seq(3, 10), seq(40, 100))]  # fmt: skip
-    await asyncio.sleep(0.05)
+    batcher, requests = await held_first_then_two(backend)
     assert len(backend.batches) == 0  # the first is still held, and nothing runs beside it
     backend.gate.set()
-    await asyncio.gather(first, *rest)
+    await asyncio.gather(*requests)
     assert len(backend.batches) == 3
     await batcher.stop()
