@@ -239,11 +239,12 @@ def finetune(
     on --resume; default build_model); loss_fn replaces the head's own loss."""
     args = as_args(FinetuneArgs, args)
     d = Dist.start(args.device)
-    try:
+
+    def work() -> FinetuneResult:
         check(args, d)
         return _finetune(args, d, build or build_model, loss_fn or compute_loss)
-    finally:
-        d.close()
+
+    return d.run(work)
 
 
 def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> FinetuneResult:

@@ -338,10 +338,7 @@ def pretrain(args: PretrainArgs | argparse.Namespace) -> dict[str, Any]:
     args = as_args(PretrainArgs, args)
     check_args(args)
     d = Dist.start(args.device)
-    try:
-        return _pretrain(args, d)
-    finally:
-        d.close()
+    return d.run(lambda: _pretrain(args, d))
 
 
 def _pretrain(args: PretrainArgs, d: Dist) -> dict[str, Any]:
