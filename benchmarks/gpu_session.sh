@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 33's runs on a lent GPU machine (H100/H200, 16 cores, no network), in the repo root:
 #     bash benchmarks/gpu_session.sh env pretrain packages tests ceiling serve cpu16 workers
+#     bash benchmarks/gpu_session.sh env mfu             # BERT-base's step: 6 settings, ~6 min
 # What it needs there, carried in .gpu/ (git-ignored; each call carries at most 64 MiB, so the
 # 244 MiB onnxruntime-gpu wheel travels in pieces, in calls less than 30 s apart):
 #   .gpu/p*/ort.0N     onnxruntime-gpu 1.31.1 cp312 manylinux (CUDA 13: the image's CUDA wheels
@@ -76,6 +77,20 @@ for stage in "$@"; do
     done
     for pid in "${pids[@]}"; do wait $pid; echo "rc=$?"; done; kill $packer; collect
     for c in mini small; do grep -v '^corpus\|it/s\]' $R/evidence-$c.log | tail -30; done ;;
+  mfu)  # BERT-base's step: the MLM head's two ways, eager vs compiled, blocks vs whole files
+    deps
+    run=0
+    for spec in "blocks chosen 128 -" "blocks fixed 128 -" "files fixed 128 compile" "files chosen 128 compile" \
+                "files fixed 256 compile" "files fixed 256 reduce-overhead"; do
+      set -- $spec; run=$((run + 1))
+      flags="--documents $1 --head $2 --batch-size $3"
+      [ $4 = compile ] && flags="$flags --compile"
+      [ $4 = reduce-overhead ] && flags="$flags --compile --compile-mode reduce-overhead"
+      modes="device trained"; [ $run = 2 ] && modes="loader device inline trained"
+      timeout ${MFU_S:-100} $PY -m benchmarks.pretrain_step --config base --steps 20 --warmup 4 --cache-dir /tmp/cache \
+        --modes $modes $flags > $R/mfu-$run.log 2>&1
+      echo "rc=$? $spec"; grep -v '^corpus\|^tokeniz' $R/mfu-$run.log | tail -6; pack
+    done ;;
   pretrain)
     mkdir -p /tmp/corpus; find training service heads benchmarks demo tests -name '*.py' -exec cp --backup=numbered {} /tmp/corpus/ \;
     for c in off on; do

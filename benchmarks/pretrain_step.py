@@ -1,24 +1,25 @@
 """Where a pretraining step's time goes: the loader alone (the host's bound), the step on a
-batch already on the device (the device's bound), and the two in one thread as
-training.pretrain runs them, then with the loader in a thread ahead of the step.
+batch already on the device (the device's bound), the loader inline in the launching thread,
+and as training.pretrain runs it on a GPU (a Prefetched thread ahead, pinned memory).
 
     python -m benchmarks.pretrain_step --config base --batch-size 128          # on a GPU
+    python -m benchmarks.pretrain_step --config base --compile --documents files --head fixed
     python -m benchmarks.pretrain_step --config tiny --batch-size 16 --steps 5  # smoke, CPU
 
 If the step as trained runs at about the loader's rate while the device-bound step is faster,
 the host is the bound and MFU is lost there, not in the kernels. The corpus is
 ../shared/data/corpus's books (or --corpus), bert-base-uncased's vocabulary, sequence 128,
-MLM + NSP, bf16 autocast on a GPU; AdamW as the trainer builds it (fused).
+MLM + NSP, bf16 autocast on a GPU; AdamW as the trainer builds it (fused). --head chosen runs
+the MLM head on the chosen positions (a host sync a step, CPU training's way), fixed on a
+fixed slice of max_predictions a row (the GPU's way).
 """
 
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,32 +36,11 @@ from training.pretrain import (
     parse_args,
     pretraining_loss,
 )
-from training.trainer import Dist, autocast, resolve_precision
+from training.trainer import Dist, Prefetched, autocast, resolve_precision
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 BOOKS = ["gutenberg_nltk", "misc_pd_books", "tinyshakespeare"]
-
-
-def prefetched(
-    next_batch: Callable[[], dict], device: torch.device, depth: int
-) -> Iterator[tuple[int, dict]]:
-    """(real tokens, batch) built by a thread `depth` ahead, pinned, copied without blocking."""
-    q: queue.Queue = queue.Queue(depth)
-
-    def fill() -> None:
-        while True:
-            batch = next_batch()
-            if device.type == "cuda":
-                batch = {k: v.pin_memory() for k, v in batch.items()}
-            q.put(batch)
-
-    threading.Thread(target=fill, daemon=True).start()
-    while True:
-        batch = q.get()
-        yield (
-            int(batch["attention_mask"].sum()),
-            {k: v.to(device, non_blocking=True) for k, v in batch.items()},
-        )
+MODES = ["loader", "device", "inline", "trained"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,10 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=str(DATA / "vocab" / "bert-base-uncased" / "vocab.txt"))
     p.add_argument("--cache-dir", help="tokenized corpus cache (default: training.pretrain's)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model too")
+    p.add_argument("--compile-mode", help="torch.compile mode (reduce-overhead: CUDA graphs)")
+    p.add_argument("--documents", default="blocks", help="corpus units: blocks or files")
+    p.add_argument("--head", choices=["fixed", "chosen"], default="fixed",
+                   help="MLM head on a fixed slice a row (GPU training) or the chosen positions")  # fmt: skip
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="what to time")
     cli = p.parse_args(argv)
     args = parse_args(
         ["--corpus", *cli.corpus, "--tokenizer", cli.tokenizer, "--config", cli.config,
-         "--batch-size", str(cli.batch_size), "--steps", "1", "--out", "/nonexistent"]
+         "--batch-size", str(cli.batch_size), "--steps", "1", "--out", "/nonexistent",
+         "--documents", cli.documents]
         + (["--compile"] if cli.compile else [])
         + (["--cache-dir", cli.cache_dir] if cli.cache_dir else [])
     )  # fmt: skip
@@ -90,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     config = get_config(args, tokenizer)
     torch.manual_seed(0)
     model = BertForPreTraining(config).to(device).train()
-    run_model = torch.compile(model) if cli.compile else model
+    run_model = torch.compile(model, mode=cli.compile_mode) if cli.compile else model
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     optimizer = adamw(model, 1e-4, 0.01)
-    loss_fn = pretraining_loss("mlm+nsp")
+    loss_fn = pretraining_loss("mlm+nsp", stream.max_predictions if cli.head == "fixed" else None)
     params = [q for q in model.parameters() if q.requires_grad]
     per_token = flops_per_token(config, args.max_seq_length, args.mlm_probability)
 
@@ -138,25 +124,31 @@ def main(argv: list[str] | None = None) -> int:
         step({k: v.to(device, non_blocking=True) for k, v in batch.items()})
         return int(batch["attention_mask"].sum())
 
-    ahead = prefetched(stream.next_batch, device, depth=4)
+    ahead = Prefetched(stream, pin=device.type == "cuda")
 
-    def threaded() -> int:
-        tokens, batch = next(ahead)
-        step(batch)
-        return tokens
+    def trained() -> int:
+        batch = ahead.next_batch()
+        step({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        return int(batch["attention_mask"].sum())
 
     def loader() -> int:
         stream.next_batch()
         return 0
 
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    mode = f", compiled{' ' + cli.compile_mode if cli.compile_mode else ''}" if cli.compile else ""
     print(f"{name}, torch {torch.__version__}, {cli.config} batch {cli.batch_size} x "
-          f"{args.max_seq_length}, {precision}{', compiled' if cli.compile else ''}")  # fmt: skip
-    rows = [timed("loader alone", loader), timed("batch on device", on_device),
-            timed("as trained (inline loader)", inline), timed("loader thread ahead", threaded)]  # fmt: skip
-    gpu, host = rows[1]["ms_per_step"], rows[0]["ms_per_step"]
-    print(f"device step {gpu:.1f} ms, loader {host:.1f} ms a batch: "
-          f"{'host' if host > 0.5 * gpu else 'device'}-bound territory")  # fmt: skip
+          f"{args.max_seq_length}, {precision}{mode}, documents {cli.documents}, "
+          f"MLM head {cli.head}")  # fmt: skip
+    runs = {"loader": ("loader alone", loader), "device": ("batch on device", on_device),
+            "inline": ("inline loader", inline), "trained": ("as trained (Prefetched)", trained)}  # fmt: skip
+    rows = {m: timed(*runs[m]) for m in cli.modes}
+    if "trained" in cli.modes:
+        ahead.close()
+    if "loader" in rows and "device" in rows:
+        gpu, host = rows["device"]["ms_per_step"], rows["loader"]["ms_per_step"]
+        print(f"device step {gpu:.1f} ms, loader {host:.1f} ms a batch: "
+              f"{'host' if host > 0.5 * gpu else 'device'}-bound territory")  # fmt: skip
     return 0
 
 

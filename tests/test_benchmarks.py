@@ -166,7 +166,7 @@ def test_ours_and_trainers_loops_run_side_by_side_on_the_same_rows(
 
 def test_the_pretraining_step_probe_times_each_mode_on_a_small_corpus(tmp_path, capsys):
     """benchmarks.pretrain_step on CPU, BERT-tiny, a corpus and vocabulary written here: the
-    loader alone, the step on a resident batch, inline and with the loader thread, each timed."""
+    loader alone, the step on a resident batch, inline and as trained (Prefetched), each timed."""
     from benchmarks import pretrain_step
 
     words = [
@@ -192,7 +192,7 @@ def test_the_pretraining_step_probe_times_each_mode_on_a_small_corpus(tmp_path, 
                                "--corpus", str(tmp_path / "book.txt"), "--tokenizer",
                                str(tmp_path / "vocab.txt"), "--cache-dir", str(tmp_path / "cache")]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    modes = ["loader alone", "batch on device", "as trained (inline loader)", "loader thread ahead"]
+    modes = ["loader alone", "batch on device", "inline loader", "as trained (Prefetched)"]
     for mode in modes:
         [line] = [x for x in out.splitlines() if x.startswith(f"mode {mode} ")]
         assert float(line.split("ms_per_step ")[1].split()[0]) > 0

@@ -336,7 +336,8 @@ class BertPreTrainedHead(nn.Module):
 @dataclass
 class PreTrainingOutput:
     loss: Tensor | None
-    prediction_logits: Tensor  # (B, T, V), or (M, V) at the M chosen positions when labelled
+    # (B, T, V); (M, V) at the M chosen positions when labelled; (B, P, V) with max_predictions
+    prediction_logits: Tensor
     seq_relationship_logits: Tensor  # (B, 2)
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
@@ -401,14 +402,27 @@ class BertForPreTraining(BertPreTrainedHead):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         next_sentence_label: Tensor | None = None,
+        max_predictions: int | None = None,
     ) -> PreTrainingOutput:
         """labels (B, T): the original token at chosen positions, -100 elsewhere.
-        next_sentence_label (B,): 0 = B follows A, 1 = B is random (or swapped, for SOP)."""
+        next_sentence_label (B,): 0 = B follows A, 1 = B is random (or swapped, for SOP).
+        max_predictions: at most this many chosen positions a row (the masker's bound): the
+        head then runs on a fixed (B, max_predictions) slice, the same loss."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
         seq_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         hidden = out.last_hidden_state
         mlm_loss = nsp_loss = None
-        if labels is not None:
+        if labels is not None and max_predictions is not None:
+            # Each row's chosen positions first, then unchosen ones (label -100, no loss) to
+            # fill max_predictions: one shape and no host sync, where hidden[chosen] waits for
+            # the GPU to count them and gives torch.compile a data-dependent shape.
+            chosen = (labels != -100).to(torch.int8)
+            positions = chosen.argsort(dim=1, descending=True, stable=True)[:, :max_predictions]
+            picked = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+            logits = self.cls.predictions(picked)  # (B, P, V)
+            targets = labels.gather(1, positions)
+            mlm_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        elif labels is not None:
             # Project only the ~15% chosen positions onto the vocabulary: the V-wide matmul is
             # the most expensive op of pretraining, and the other positions carry no loss.
             chosen = labels != -100  # (B, T)

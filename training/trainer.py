@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import random
 import shutil
 import signal
@@ -227,6 +228,73 @@ class Batches(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class Prefetched:
+    """Batches read `depth` ahead by a thread, pinned for an asynchronous copy to a GPU.
+
+    Building a batch in the thread that launches the kernels cost BERT-base's step 17%
+    (eager) to 28% (compiled) on an H200 (benchmarks/results/pretrain_step_gpu.md).
+    state_dict() and epoch are those after the last batch handed out, not the thread's: a
+    checkpoint resumes where training was. An error in the thread is raised by next_batch."""
+
+    def __init__(self, data: Batches, depth: int = 4, pin: bool = False) -> None:
+        self.data, self.depth, self.pin = data, depth, pin
+        self.epoch: float = data.epoch
+        self._state = data.state_dict()
+        self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        self._queue: queue.Queue = queue.Queue(self.depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, name="batches", daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        item: Any
+        while not self._stop.is_set():
+            try:
+                batch = self.data.next_batch()
+                if self.pin:
+                    batch = {k: v.pin_memory() for k, v in batch.items()}
+                item = (batch, self.data.state_dict(), self.data.epoch)
+            except BaseException as e:  # handed to the training thread, which raises it
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def next_batch(self) -> dict[str, Tensor]:
+        if self._thread is None:
+            self._start()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        batch, self._state, self.epoch = item
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()
+        self.data.load_state_dict(state)
+        self.epoch, self._state = self.data.epoch, self.data.state_dict()
+
+    def close(self) -> None:
+        """Stop the thread and rewind the stream to just after the last batch handed out
+        (next_batch starts a thread from there)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.data.load_state_dict(self._state)
+
+
 # (model, batch on the device) -> {"loss": the scalar to minimise, other parts: logged means}
 LossFn = Callable[[nn.Module, dict[str, Tensor]], dict[str, Tensor]]
 
@@ -361,6 +429,8 @@ class Trainer:
         """out: log.jsonl and the plot; checkpoint: the folder save() fills (model files and
         STATE_FILE). reshard(data_state, saved_world, world) adapts rank 0's data position
         when a run resumes on another number of processes."""
+        if d.device.type == "cuda":
+            data = Prefetched(data, pin=True)
         self.d, self.model, self.data, self.loss, self.loop = d, model, data, loss, loop
         self.out, self.checkpoint, self.write_model = out, checkpoint, write_model
         self.evaluate_fn, self.extra_state = evaluate, extra_state
@@ -513,6 +583,8 @@ class Trainer:
                 ):
                     self.save()
         bar.close()
+        if isinstance(self.data, Prefetched):
+            self.data.close()
         if self.meter.steps:
             self.log_train(bar)
         if self.done() and self._evaluated_at != self.step:

@@ -61,6 +61,27 @@ def test_pretraining_scores_only_the_chosen_positions(tiny_config, batch):
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
 
+def test_the_fixed_size_mlm_slice_gives_the_chosen_positions_loss_and_gradients(tiny_config, batch):
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).eval()
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[0, 3], labels[0, 7], labels[1, 1], labels[2, 2] = 7, 5, 8, 9  # row 0 holds the most
+    losses, grads = [], []
+    for fixed in ({}, {"max_predictions": 2}, {"max_predictions": 5}):
+        model.zero_grad()
+        out = model(**batch, labels=labels, **fixed)
+        out.mlm_loss.backward()
+        losses.append(out.mlm_loss.detach())
+        grads.append(model.bert.embeddings.word_embeddings.weight.grad.clone())
+    assert out.prediction_logits.shape == (3, 5, tiny_config.vocab_size)  # (B, P, V)
+    for loss, grad in zip(losses[1:], grads[1:], strict=True):
+        torch.testing.assert_close(loss, losses[0])
+        torch.testing.assert_close(grad, grads[0])
+    model.zero_grad()
+    short = model(**batch, labels=labels, max_predictions=1).mlm_loss  # row 0 loses one: differs
+    assert not torch.allclose(short, losses[0])
+
+
 @pytest.mark.parametrize(
     "problem_type, num_labels, labels, loss_fn",
     [

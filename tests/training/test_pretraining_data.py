@@ -26,8 +26,10 @@ from training.data.pretraining import (
     Vocabulary,
     build_batch,
     create_instances,
+    max_predictions,
 )
 from training.tokenizer import train_tokenizer
+from training.trainer import Prefetched
 
 quiet = dict(log=lambda message: None)
 
@@ -340,6 +342,23 @@ def test_whole_word_masking_takes_every_piece_of_a_word(corpus, tokenizer):
     assert abs(n_chosen / n_candidates - 0.15) < 0.01
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_the_stream_bound_on_chosen_positions_holds_and_never_changes_the_masks(
+    corpus, tokenizer, whole_word
+):
+    # The GPU's MLM head reads max_predictions positions a row (BertForPreTraining): a row
+    # with more chosen would lose some silently; the stream's cap must therefore never bind.
+    bound = max_predictions(128, 0.15)
+    assert bound == 20  # create_pretraining_data's max_predictions_per_seq for 128 tokens
+    args = {"whole_word": whole_word}
+    _, free = masked_batches(corpus, tokenizer, args, seed=4, tokens=30_000)
+    _, capped = masked_batches(corpus, tokenizer, args | {"max_predictions": bound}, 4, 30_000)
+    counts = torch.cat([(labels != -100).sum(1) for _, _, labels in free])
+    assert counts.max() <= bound and counts.max() >= bound - 2  # the rows are full: near it
+    for (_, m1, l1), (_, m2, l2) in zip(free, capped, strict=True):
+        assert torch.equal(m1, m2) and torch.equal(l1, l2)
+
+
 # --- the stream -------------------------------------------------------------------------
 
 
@@ -355,6 +374,48 @@ def test_the_stream_resumes_exactly_from_its_state(corpus, tokenizer):
     for a, b in zip(expected, [resumed.next_batch() for _ in range(4)], strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.epoch == 1
+
+
+def test_a_prefetched_stream_hands_the_same_batches_and_resumes_where_training_was(
+    corpus, tokenizer
+):
+    def stream() -> PretrainingStream:
+        return PretrainingStream(corpus, tokenizer, "mlm+nsp", 32, batch_size=16, seed=5)
+
+    bare, ahead = stream(), Prefetched(stream(), depth=3)
+    per_epoch = bare.batches_per_epoch
+    for _ in range(per_epoch - 1):  # the thread reads past the epoch's end meanwhile
+        a, b = bare.next_batch(), ahead.next_batch()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    state, epoch = ahead.state_dict(), ahead.epoch
+    assert epoch == bare.epoch == 0
+    assert state["position"] == bare.state_dict()["position"]  # not the thread's, 3 further
+    expected = [bare.next_batch() for _ in range(3)]
+    resumed = Prefetched(stream())
+    resumed.load_state_dict(state)
+    ahead.close()  # rewinds: the next batch is the one after the last handed out
+    for other in (resumed, ahead):
+        got = [other.next_batch() for _ in range(3)]
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(expected, got, strict=True) for k in a)
+        assert other.epoch == 1
+        other.close()
+
+
+def test_an_error_in_the_prefetching_thread_is_raised_by_next_batch():
+    class Broken:
+        epoch = 0.0
+
+        def next_batch(self) -> dict:
+            raise CorpusError("disk gone")
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+    with pytest.raises(CorpusError, match="disk gone"):
+        Prefetched(Broken()).next_batch()
 
 
 def test_processes_read_disjoint_equal_shares(corpus, tokenizer):

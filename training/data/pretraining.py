@@ -16,6 +16,7 @@ full-length packed segments, no second-sentence task).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -292,6 +293,13 @@ def build_batch(
     return batch
 
 
+def max_predictions(max_seq_length: int, mlm_probability: float) -> int:
+    """The most positions Masker chooses in a row of max_seq_length tokens: round(p x n)
+    over n <= max_seq_length candidates, at least 1 (create_pretraining_data's
+    max_predictions_per_seq, 20 for 128 tokens at 15%)."""
+    return max(1, math.ceil(max_seq_length * mlm_probability))
+
+
 class Masker:
     """Dynamic masking, drawn per batch from its own generator. Per sequence,
     round(15% of its non-special tokens) are chosen (create_pretraining_data's num_to_predict,
@@ -411,7 +419,10 @@ class PretrainingStream:
         self.short_seq_prob = short_seq_prob
         self.pad_to = max_seq_length if pad_to_max_length else 0  # one shape for torch.compile
         self.vocab = Vocabulary.from_tokenizer(tokenizer)
-        self.masker = Masker(self.vocab, mlm_probability, whole_word_masking)
+        # A cap that never binds (round <= ceil): the bound the model's fixed-size MLM head
+        # relies on (BertForPreTraining's max_predictions), stated where it is kept.
+        self.max_predictions = max_predictions(max_seq_length, mlm_probability)
+        self.masker = Masker(self.vocab, mlm_probability, whole_word_masking, self.max_predictions)
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         self.epoch, self.position = 0, 0
         self._epoch_loaded: int | None = None
