@@ -1,6 +1,6 @@
 """One server process: uvicorn around the app, with the drain at shutdown that the README
 promises (see DrainingServer). `python -m service` runs one; `--workers N` runs N
-(service.workers), each calling `serve` on the shared socket.
+(service.workers), each calling `serve` on the connections the parent deals it (`Inbox`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -21,6 +22,63 @@ from service.registry import LoadFlags, Registry
 from service.settings import Settings
 
 SETTLE_SECONDS = 0.1  # at shutdown, for requests on connections already accepted to arrive
+
+
+class Inbox:
+    """A worker's connections, dealt by the parent (service.workers.Dealer) over a Unix
+    socket pair: each message carries one accepted socket. `on_close` is called as each
+    connection closes, so that the parent deals the next to the least busy worker. Closing
+    the inbox tells the parent this worker takes no more."""
+
+    def __init__(self, channel: socket.socket, on_close: Callable[[], None]) -> None:
+        self.channel, self.on_close = channel, on_close
+        self._server: uvicorn.Server | None = None
+        self._protocol: type[asyncio.Protocol] | None = None
+        self._connecting: set[asyncio.Task] = set()  # referenced until done
+
+    def open(self, server: uvicorn.Server) -> None:
+        """Start serving what arrives, with `server`'s HTTP protocol (as uvicorn builds it for
+        a connection of its own listening socket)."""
+        base, on_close = server.config.http_protocol_class, self.on_close
+
+        class Counted(base):  # type: ignore[valid-type, misc]
+            def connection_lost(self, exc: Exception | None) -> None:
+                super().connection_lost(exc)
+                on_close()
+
+        self._server, self._protocol = server, Counted
+        self.channel.setblocking(False)
+        asyncio.get_running_loop().add_reader(self.channel.fileno(), self._receive)
+
+    def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.channel, 16, 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:  # the parent is gone
+                self.close()
+                return
+            for fd in fds:
+                conn = socket.socket(fileno=fd)
+                task = loop.create_task(loop.connect_accepted_socket(self._make_protocol, conn))
+                self._connecting.add(task)
+                task.add_done_callback(self._connecting.discard)
+
+    def _make_protocol(self) -> asyncio.Protocol:
+        server = self._server
+        assert server is not None and self._protocol is not None
+        return self._protocol(  # type: ignore[call-arg]
+            config=server.config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+
+    def close(self) -> None:
+        if self.channel.fileno() != -1:
+            asyncio.get_running_loop().remove_reader(self.channel.fileno())
+            self.channel.close()
 
 
 class DrainingServer(uvicorn.Server):
@@ -35,10 +93,23 @@ class DrainingServer(uvicorn.Server):
 
     A second Ctrl-C skips the drain, as uvicorn's does."""
 
-    def __init__(self, config: uvicorn.Config, registry: Registry, drain_timeout: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        registry: Registry,
+        drain_timeout: float,
+        inbox: Inbox | None = None,
+    ) -> None:
         super().__init__(config)
         self.registry = registry
         self.drain_timeout = drain_timeout
+        self.inbox = inbox
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # A worker of several listens on nothing: its connections come through its inbox.
+        await super().startup([] if self.inbox is not None else sockets)
+        if self.inbox is not None and self.started:
+            self.inbox.open(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # uvicorn's own handler also records the signal and raises it again once the server has
@@ -59,16 +130,17 @@ class DrainingServer(uvicorn.Server):
         # draining) like any other.
         for server in self.servers:
             server.close()
+        if self.inbox is not None:
+            self.inbox.close()
         await asyncio.sleep(SETTLE_SECONDS)
         await super().shutdown(sockets)
 
 
 def serve(
-    settings: Settings,
-    sockets: list[socket.socket] | None = None,
-    load_flags: LoadFlags | None = None,
+    settings: Settings, inbox: Inbox | None = None, load_flags: LoadFlags | None = None
 ) -> None:
-    """One server process: on settings.host:port, or on `sockets` (a worker of several)."""
+    """One server process: on settings.host:port, or on what `inbox` brings (a worker of
+    several)."""
     keep_large_blocks_mapped()  # reloads give their memory back (service/malloc.py)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -84,4 +156,4 @@ def serve(
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
     )
-    DrainingServer(config, app.state.registry, settings.drain_timeout).run(sockets=sockets)
+    DrainingServer(config, app.state.registry, settings.drain_timeout, inbox).run()

@@ -1,19 +1,23 @@
 """Several server processes on one port (`--workers N`): the way to use a many-core host.
 
-The parent binds one listening socket per child on the port (SO_REUSEPORT, see `bind`) and
+The parent listens on the port and deals each new connection to the child with the fewest
+open ones (`Dealer`: the accepted socket travels over a Unix socket pair, SCM_RIGHTS); it
 starts N children (spawned, not forked: ONNX Runtime and the tokenizers pool hold threads a
 fork would copy half-alive). Each child runs the whole service — its own event loop, its own
-sessions, intra_op_threads = its share of the cores unless set — and accepts from its own
-socket, to which the kernel hands a share of the new connections. Why not uvicorn's own `workers`: its children run a plain
+sessions, intra_op_threads = its share of the cores unless set — on the connections it is
+dealt (service.server's `Inbox`). The parent only accepts: a keep-alive connection's requests
+go straight to its child. Why not uvicorn's own `workers`: its children run a plain
 `uvicorn.Server`, without the /ready-503-on-SIGTERM drain of `service.server`, and settings
 given as flags would not reach them.
 
 - /ready says `loading` until every worker has tried its packages (a shared flag per worker),
   so a load balancer never sends traffic to a worker still opening its sessions.
-- SIGTERM / SIGINT to the parent: it closes its copies of the sockets and passes the signal on;
-  each child drains like a single process does (/ready 503, in-flight requests finish within
-  drain_timeout). A child that dies on its own takes the others down and the parent exits 1:
-  restarting is the orchestrator's job, and a half-sized replica would pass its probes.
+- SIGTERM / SIGINT to the parent: it passes the signal on and keeps dealing; each child
+  drains like a single process does (/ready 503, in-flight requests finish within
+  drain_timeout) and stops taking connections when it would close its listening socket; once
+  none takes them the parent closes the port. A child that dies on its own takes the others
+  down and the parent exits 1: restarting is the orchestrator's job, and a half-sized replica
+  would pass its probes.
 - /metrics sums every worker (prometheus_client's multiprocess mode, files in a private
   temporary folder): counters and histograms add up; queue_depth is the sum over live workers;
   model_info is the max. `_created` samples are absent in that mode.
@@ -24,12 +28,15 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import selectors
 import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from types import FrameType
+from typing import Any
 
 from service.registry import LoadFlags
 from service.runtime import usable_cores
@@ -45,37 +52,80 @@ def share_of_cores(workers: int) -> int:
     return max(1, usable_cores() // workers)
 
 
-def _bound(host: str, port: int, reuse_port: bool) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def listen(settings: Settings) -> socket.socket:
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)  # uvicorn's default backlog
     return sock
 
 
-def bind(settings: Settings, n: int) -> list[socket.socket]:
-    """`n` listening sockets on one port (SO_REUSEPORT), one per worker: the kernel spreads new
-    connections over them by a hash of each connection. One socket shared by all let the first
-    worker to wake accept a whole burst of keep-alive connections: 8 clients on 2 workers
-    (MiniLM int8, 1 thread each), 3 trials in 6 left a worker with none (0.0 s of CPU against
-    2.6, 478 requests/s against 543-567 when shared)."""
-    # A port another process holds fails here as it always did: SO_REUSEPORT would let a second
-    # server (same user) join the port silently, so the port is taken without it first.
-    with _bound(settings.host, settings.port, reuse_port=False) as probe:
-        port = probe.getsockname()[1]
-    socks = [_bound(settings.host, port, reuse_port=True) for _ in range(n)]
-    for sock in socks:
-        sock.listen(2048)  # uvicorn's default backlog
-        sock.set_inheritable(True)
-    return socks
+class Dealer:
+    """The parent's side: accept on the port and hand each connection to the child with the
+    fewest open (dealt minus closed; the child counts its closes in `closed`), the lowest
+    index on a tie. The kernel's own spreading (a socket per child with SO_REUSEPORT) hashes
+    each connection: 8 keep-alive clients on 2 workers split 6/2 or worse 29% of the time,
+    and one listening socket shared by all let the first worker to wake accept a whole burst
+    (3 trials in 6 left a worker with none; issue 31). A child that no longer takes
+    connections (draining, gone) is skipped; with none left a connection is closed at once."""
+
+    def __init__(self, listener: socket.socket, channels: list[socket.socket], closed: Any):
+        self.listener, self.channels, self.closed = listener, channels, closed
+        self.dealt = [0] * len(channels)
+        self.taking = [True] * len(channels)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dealer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.listener, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                if not sel.select(POLL_SECONDS):
+                    continue
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:  # BlockingIOError: another wake-up took it
+                    continue
+                with conn:  # the child holds its own copy once sent
+                    self.deal(conn)
+
+    def deal(self, conn: socket.socket) -> int | None:
+        """The child `conn` went to, or None when no child takes connections."""
+        load = [self.dealt[i] - self.closed[i] for i in range(len(self.channels))]
+        for i in sorted(range(len(load)), key=load.__getitem__):
+            if not self.taking[i]:
+                continue
+            try:
+                socket.send_fds(self.channels[i], [b"c"], [conn.fileno()])
+            except OSError:  # the child closed its end: it takes no more
+                self.taking[i] = False
+                continue
+            self.dealt[i] += 1
+            return i
+        return None
+
+    @property
+    def anyone_taking(self) -> bool:
+        return any(self.taking)
 
 
-def _worker(settings: Settings, sock: socket.socket, flags: LoadFlags) -> None:
-    from service.server import serve
+def _worker(
+    settings: Settings, inbox: socket.socket, closed: Any, i: int, flags: LoadFlags
+) -> None:
+    from service.server import Inbox, serve
 
-    serve(settings, sockets=[sock], load_flags=flags)
+    def count_close() -> None:
+        closed[i] += 1  # this process alone writes its slot
+
+    serve(settings, inbox=Inbox(inbox, count_close), load_flags=flags)
 
 
 def run_workers(settings: Settings) -> int:
@@ -86,13 +136,20 @@ def run_workers(settings: Settings) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="bert-heads-metrics-")
     # Read by prometheus_client when a child imports it: every worker writes its samples there
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    socks = bind(settings, n)
+    listener = listen(settings)
+    listener.setblocking(False)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(n)]
     ctx = multiprocessing.get_context("spawn")
     flags = ctx.Array("b", n)
+    closed = ctx.RawArray("q", n)
     children = [
-        ctx.Process(target=_worker, args=(settings, sock, LoadFlags(flags, i)), name=f"worker-{i}")
-        for i, sock in enumerate(socks)
-    ]
+        ctx.Process(
+            target=_worker, args=(settings, child_end, closed, i, LoadFlags(flags, i)),
+            name=f"worker-{i}",
+        )
+        for i, (_, child_end) in enumerate(pairs)
+    ]  # fmt: skip
+    dealer = Dealer(listener, [parent_end for parent_end, _ in pairs], closed)
     stopping, crashed = [False], [False]
 
     def stop(sig: int, frame: FrameType | None) -> None:
@@ -100,8 +157,6 @@ def run_workers(settings: Settings) -> int:
             return
         stopping[0] = True
         log.info("stopping %d workers", n)
-        for sock in socks:
-            sock.close()  # each child's copy of its own keeps accepting until it drains
         # Always SIGTERM: a Ctrl-C reaches the children too, and a second SIGINT would make
         # uvicorn skip the drain.
         for child in children:
@@ -113,9 +168,12 @@ def run_workers(settings: Settings) -> int:
     try:
         for child in children:
             child.start()
+        for _, child_end in pairs:
+            child_end.close()  # the child has its own: its end closing is its "no more"
+        dealer.start()
         log.info(
             "%d workers on %s:%d, %d intra-op threads each",
-            n, settings.host, socks[0].getsockname()[1], settings.intra_op_threads,
+            n, settings.host, listener.getsockname()[1], settings.intra_op_threads,
         )  # fmt: skip
         while any(child.exitcode is None for child in children):
             if not stopping[0] and any(child.exitcode is not None for child in children):
@@ -132,6 +190,8 @@ def run_workers(settings: Settings) -> int:
             if child.exitcode is None:
                 child.kill()
             child.join()
-        for sock in socks:
-            sock.close()
+        dealer.stop()
+        listener.close()
+        for parent_end, _ in pairs:
+            parent_end.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
