@@ -5,6 +5,7 @@ threads. Nothing here asserts speed: the figures are the benchmark's to report."
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,16 @@ def test_versus_serves_every_level_and_writes_the_ratios(tmp_path, shared_data):
     assert served["2x4"]["sequences_per_s"] >= served["2x4"]["requests_per_s"] * 4 * 0.99
     assert report["raw"]["fp32"]["sequences_per_s"] > 0
     assert "served / raw at 32 clients" not in (tmp_path / f"versus-{package.name}.md").read_text()
+
+
+def test_the_lanes_probe_times_one_lane_two_at_once_and_one_wide_session(tmp_path, capsys):
+    from benchmarks import lanes
+
+    package = build_tiny_package(tmp_path / "tiny-embed", "embedding").path
+    assert lanes.main(["--model", str(package / "model.onnx"), "--batch-sizes", "1", "2",
+                       "--runs", "3", "--length", "8"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    for batch in (1, 2):
+        [line] = [x for x in out.splitlines() if x.startswith(f"batch {batch}:")]
+        figures = [float(x) for x in re.findall(r"(\d+\.\d+)", line)]
+        assert len(figures) == 4 and all(f > 0 for f in figures), line
