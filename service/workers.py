@@ -72,6 +72,7 @@ class Dealer:
 
     def __init__(self, listener: socket.socket, channels: list[socket.socket], closed: Any):
         self.listener, self.channels, self.closed = listener, channels, closed
+        listener.setblocking(False)  # another wake-up may have taken the connection
         self.dealt = [0] * len(channels)
         self.taking = [True] * len(channels)
         self._stop = threading.Event()
@@ -112,10 +113,6 @@ class Dealer:
             return i
         return None
 
-    @property
-    def anyone_taking(self) -> bool:
-        return any(self.taking)
-
 
 def _worker(
     settings: Settings, inbox: socket.socket, closed: Any, i: int, flags: LoadFlags
@@ -137,7 +134,6 @@ def run_workers(settings: Settings) -> int:
     # Read by prometheus_client when a child imports it: every worker writes its samples there
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     listener = listen(settings)
-    listener.setblocking(False)
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(n)]
     ctx = multiprocessing.get_context("spawn")
     flags = ctx.Array("b", n)

@@ -144,7 +144,7 @@ def test_the_dealer_gives_each_connection_to_the_worker_with_the_fewest_open() -
             assert dealer.deal(conns[0]) == 0 and not dealer.taking[1]
             pairs[0][1].close()
             pairs[2][1].close()
-            assert dealer.deal(conns[1]) is None and not dealer.anyone_taking
+            assert dealer.deal(conns[1]) is None and not any(dealer.taking)
         finally:
             for c in conns:
                 c.close()
