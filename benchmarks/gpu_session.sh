@@ -91,6 +91,18 @@ for stage in "$@"; do
         --modes $modes $flags > $R/mfu-$run.log 2>&1
       echo "rc=$? $spec"; grep -v '^corpus\|^tokeniz' $R/mfu-$run.log | tail -6; pack
     done ;;
+  profile)  # BERT-base compiled at batch 512: the kernels a step spends its time in, then Q, K, V
+    # as three GEMMs
+    # (PROFILE_RUNS: other comma-separated flag sets for benchmarks.pretrain_step)
+    deps
+    run=0
+    IFS=, read -ra extras <<< "${PROFILE_RUNS:---profile 3,--three-qkv}"
+    for extra in "${extras[@]}"; do
+      run=$((run + 1))
+      timeout ${MFU_S:-150} $PY -m benchmarks.pretrain_step --config base --steps 15 --warmup 4 --cache-dir /tmp/cache \
+        --modes device --documents files --head fixed --batch-size 512 --compile $extra > $R/profile-$run.log 2>&1
+      echo "rc=$? $extra"; grep -v '^corpus\|^tokeniz' $R/profile-$run.log | tail -40 | cut -c1-200; pack
+    done ;;
   pretrain)
     mkdir -p /tmp/corpus; find training service heads benchmarks demo tests -name '*.py' -exec cp --backup=numbered {} /tmp/corpus/ \;
     for c in off on; do

@@ -17,15 +17,17 @@ fixed slice of max_predictions a row (the GPU's way).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.data.corpus import corpus_files
-from training.model import BertForPreTraining
+from training.model import BertForPreTraining, BertSelfAttention
 from training.optim import adamw
 from training.pretrain import (
     H100_BF16_TFLOPS,
@@ -60,6 +62,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head", choices=["fixed", "chosen"], default="fixed",
                    help="MLM head on a fixed slice a row (GPU training) or the chosen positions")  # fmt: skip
     p.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="what to time")
+    p.add_argument(
+        "--three-qkv",
+        action="store_true",
+        help="Q, K and V as three GEMMs (BertSelfAttention.fuse_qkv off: before 2026-11-26)",
+    )
+    p.add_argument(
+        "--sdpa",
+        choices=["auto", "cudnn", "flash", "efficient", "math"],
+        default="auto",
+        help="the attention kernel SDPA may take (auto: its own choice)",
+    )
+    p.add_argument(
+        "--no-padding-mask",
+        action="store_true",
+        help="diagnostic: drop the attention mask (pads attended), so SDPA may take flash",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then profile N steps on the resident batch: the top kernels by GPU time",
+    )
     cli = p.parse_args(argv)
     args = parse_args(
         ["--corpus", *cli.corpus, "--tokenizer", cli.tokenizer, "--config", cli.config,
@@ -75,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     stream, _ = make_streams(args, d, tokenizer, corpus_files(args.corpus))
     config = get_config(args, tokenizer)
     torch.manual_seed(0)
+    BertSelfAttention.fuse_qkv = not cli.three_qkv
     model = BertForPreTraining(config).to(device).train()
     run_model = torch.compile(model, mode=cli.compile_mode) if cli.compile else model
     if device.type == "cuda":
@@ -88,8 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    kernels = {
+        "cudnn": "CUDNN_ATTENTION",
+        "flash": "FLASH_ATTENTION",
+        "efficient": "EFFICIENT_ATTENTION",
+        "math": "MATH",
+    }
+
     def step(batch: dict) -> None:
-        with autocast(device, precision):
+        if cli.no_padding_mask:
+            batch = {k: v for k, v in batch.items() if k != "attention_mask"}
+        with autocast(device, precision), contextlib.ExitStack() as stack:
+            if cli.sdpa != "auto":
+                stack.enter_context(sdpa_kernel(getattr(SDPBackend, kernels[cli.sdpa])))
             loss = loss_fn(run_model, batch)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -145,11 +182,41 @@ def main(argv: list[str] | None = None) -> int:
     rows = {m: timed(*runs[m]) for m in cli.modes}
     if "trained" in cli.modes:
         ahead.close()
+    if cli.profile:
+        profile(lambda: step(fixed), cli.profile, sync)
     if "loader" in rows and "device" in rows:
         gpu, host = rows["device"]["ms_per_step"], rows["loader"]["ms_per_step"]
         print(f"device step {gpu:.1f} ms, loader {host:.1f} ms a batch: "
               f"{'host' if host > 0.5 * gpu else 'device'}-bound territory")  # fmt: skip
     return 0
+
+
+def profile(one: Callable[[], None], steps: int, sync: Callable[[], None]) -> None:
+    """The kernels that took the device's time over `steps` steps, the top 25, and how much
+    of the wall time the device spent idle between them."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    sync()
+    t0 = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            one()
+        sync()
+    wall = time.perf_counter() - t0
+    kernels = [
+        e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"
+    ]
+    busy = sum(e.device_time_total for e in kernels) / 1e6
+    print(
+        f"profile: {steps} steps, {1e3 * wall / steps:.1f} ms a step under the profiler, "
+        f"kernels {1e3 * busy / steps:.1f} ms a step ({100 * busy / wall:.0f}% busy)"
+    )
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=90))
 
 
 if __name__ == "__main__":

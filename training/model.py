@@ -97,6 +97,11 @@ class BertSelfAttention(nn.Module):
     # as matmul-softmax-matmul, the graph shape ONNX Runtime's BERT optimizer fuses into one
     # Attention op. `set_attention_implementation` switches a whole model.
     implementation = "sdpa"
+    # The sdpa path projects Q, K and V in one (H, 3H) GEMM over the three weights
+    # concatenated (the parameters stay three, under their checkpoint names): BERT-base's
+    # compiled bf16 pretraining step on an H200, 100.0 -> 97.7 ms at batch 512 (MFU 35.3% ->
+    # 36.1%), 52.9 -> 51.1 ms at 256; on 2 CPU cores (BERT-mini) within noise.
+    fuse_qkv = True
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -112,18 +117,27 @@ class BertSelfAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
-        """x (B, T, H); mask_bias (B, 1, 1, T): 0 where attended, a large negative at padding."""
+    def forward(self, x: Tensor, mask_bias: Tensor | None) -> Tensor:
+        """x (B, T, H); mask_bias (B, 1, 1, T): 0 where attended, a large negative at padding;
+        None: every position attended."""
         B, T, H = x.shape
-        q = self.split_heads(self.query(x))
-        k = self.split_heads(self.key(x))
-        v = self.split_heads(self.value(x))
+        if self.implementation == "sdpa" and self.fuse_qkv:
+            w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+            b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+            qkv = F.linear(x, w, b).view(B, T, 3, self.num_heads, self.head_size)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+        else:
+            q = self.split_heads(self.query(x))
+            k = self.split_heads(self.key(x))
+            v = self.split_heads(self.value(x))
         if self.implementation == "sdpa":
             p = self.dropout_p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_bias, dropout_p=p)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
-            probs = self.dropout(torch.softmax(scores + mask_bias, dim=-1))  # (B, nh, T, T)
+            if mask_bias is not None:
+                scores = scores + mask_bias
+            probs = self.dropout(torch.softmax(scores, dim=-1))  # (B, nh, T, T)
             y = torch.matmul(probs, v)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, H)
 
@@ -134,7 +148,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask_bias: Tensor | None) -> Tensor:
         return self.output(self.self(x, mask_bias), x)
 
 
@@ -145,7 +159,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: Tensor, mask_bias: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask_bias: Tensor | None) -> Tensor:
         x = self.attention(x, mask_bias)
         return self.output(self.intermediate(x), x)
 
@@ -161,7 +175,7 @@ class BertEncoder(nn.Module):
         distinct = 1 if config.share_layers else config.num_hidden_layers
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(distinct))
 
-    def forward(self, x: Tensor, mask_bias: Tensor) -> list[Tensor]:
+    def forward(self, x: Tensor, mask_bias: Tensor | None) -> list[Tensor]:
         """x (B, T, E). Returns the (projected) embeddings and every layer's output: L + 1
         tensors (B, T, H)."""
         if self.embedding_hidden_mapping_in is not None:
@@ -207,13 +221,16 @@ class BertModel(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> BertOutputs:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         # (B, T) 1/0 -> (B, 1, 1, T) additive bias, broadcast over heads and query positions.
-        mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        # No mask, no bias: SDPA then may take its flash kernel (none takes a bias).
+        mask_bias = None
+        if attention_mask is not None:
+            mask_bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(
+                x.dtype
+            ).min
         hidden = self.encoder(x, mask_bias)
         last = hidden[-1]
         pooled = self.pooler(last) if self.pooler is not None else None

@@ -16,6 +16,7 @@ from training.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    BertSelfAttention,
     contrastive_loss,
     set_attention_implementation,
 )
@@ -214,6 +215,26 @@ def test_sdpa_and_eager_agree(tiny_config, batch, parity):
     assert parity("model: sdpa vs eager, last hidden state", sdpa, eager) <= TOL
     with pytest.raises(ValueError):
         set_attention_implementation(model, "flash")
+
+
+def test_one_qkv_gemm_gives_the_same_outputs_and_gradients(tiny_config, batch, monkeypatch):
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config, num_labels=3).eval()
+    labels = torch.tensor([0, 2, 1])
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        out = model(**batch, labels=labels)
+        out.loss.backward()
+        return out.logits, [p.grad.clone() for p in model.parameters()]
+
+    monkeypatch.setattr(BertSelfAttention, "fuse_qkv", False)
+    logits, grads = run()
+    monkeypatch.setattr(BertSelfAttention, "fuse_qkv", True)
+    fused_logits, fused_grads = run()
+    torch.testing.assert_close(fused_logits, logits, atol=TOL, rtol=TOL)
+    for g, f in zip(grads, fused_grads, strict=True):
+        torch.testing.assert_close(f, g, atol=TOL, rtol=1e-4)
 
 
 # --- parity with transformers -----------------------------------------------------------
