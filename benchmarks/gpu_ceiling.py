@@ -15,6 +15,13 @@ batch 128, fp16, A100, compute only), every batch size of --batch-sizes, three w
 GPU memory is nvidia-smi's used memory after each session's runs (the process's whole use:
 the CUDA context, ORT's arena, the weights).
 
+--new-shapes N then asks what a shape the session has not seen costs, as the service meets
+them (a batch's rows x padded length vary from batch to batch): N shapes drawn at random
+(batch 1-64, length 8-64, seeded), each run twice in a row, then all N once more; the
+milliseconds of the first call of each, the second, and the third pass, per variant. A first
+call far above the second is a per-shape cost (kernel selection, arena growth) that a server
+pays for every new shape, and bucketing lengths would bound.
+
 Results: benchmarks/results/gpu-ceiling-<package>[-tag].{json,md}.
 """
 
@@ -117,6 +124,32 @@ def measure(path: Path, batch: int, seq: int, budget: float) -> dict:
     return row
 
 
+def new_shapes(path: Path, n: int) -> dict:
+    """Milliseconds per call: first and second call of n unseen shapes, then a third pass."""
+    rng = np.random.default_rng(0)
+    shapes = [(int(rng.integers(1, 65)), int(rng.integers(8, 65))) for _ in range(n)]
+    session = open_session(path, graph=False)
+    session.run(None, feeds(session, 8, 32))  # the CUDA context and the first allocation
+    passes: dict[str, list[float]] = {"first": [], "second": [], "third": []}
+
+    def call(batch: int, seq: int) -> float:
+        inputs = feeds(session, batch, seq)
+        start = time.perf_counter()
+        session.run(None, inputs)
+        return 1e3 * (time.perf_counter() - start)
+
+    for batch, seq in shapes:
+        passes["first"].append(call(batch, seq))
+        passes["second"].append(call(batch, seq))
+    for batch, seq in shapes:
+        passes["third"].append(call(batch, seq))
+    return {
+        name: {"p50": round(float(np.median(ms)), 2), "p90": round(float(np.quantile(ms, 0.9)), 2),
+               "total_s": round(sum(ms) / 1e3, 2)}
+        for name, ms in passes.items()
+    }  # fmt: skip
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"# Raw ONNX Runtime ceiling on the GPU: {report['package']}",
@@ -138,6 +171,22 @@ def markdown(report: dict) -> str:
     errors = {r.get("cudagraph_error") for rows in report["variants"].values() for r in rows}
     errors.discard(None)
     lines += ["", *(f"CUDA graph refused: {e}" for e in sorted(errors))] if errors else []
+    if report.get("new_shapes"):
+        lines += [
+            "",
+            f"## Unseen shapes ({report['new_shape_count']} drawn: batch 1-64, length 8-64)",
+            "",
+            "ms a call, session.run with numpy: p50 / p90 (total s over the shapes).",
+            "",
+            "| variant | first call of a shape | second call | all again |",
+            "|---|---|---|---|",
+        ]
+        for variant, p in report["new_shapes"].items():
+            cells = [
+                f"{p[k]['p50']} / {p[k]['p90']} ({p[k]['total_s']} s)"
+                for k in ("first", "second", "third")
+            ]
+            lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1.5, help="s per measurement")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--new-shapes", type=int, default=0, metavar="N",
+                        help="then N unseen (batch, length) shapes: first call vs second")  # fmt: skip
     cli = parser.parse_args(argv)
     if CUDA not in ort.get_available_providers():
         print(
@@ -178,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         for batch in cli.batch_sizes:
             rows.append(measure(package.variant_path(variant), batch, cli.seq, cli.budget))
             print(variant, rows[-1], flush=True)
+        if cli.new_shapes:
+            report.setdefault("new_shapes", {})[variant] = new_shapes(
+                package.variant_path(variant), cli.new_shapes
+            )
+            report["new_shape_count"] = cli.new_shapes
+            print(variant, "new shapes", report["new_shapes"][variant], flush=True)
     stem = f"gpu-ceiling-{package.name}" + (f"-{cli.tag}" if cli.tag else "")
     print(write_results(cli.out, stem, report, markdown(report)).read_text())
     return 0

@@ -127,6 +127,11 @@ for stage in "$@"; do
       timeout 120 $PY -m benchmarks.gpu_ceiling --package models/bench/$p --variants fp32 fp16 \
         --batch-sizes 1 8 32 128 256 --budget 0.8 --out $R > $R/ceiling-$p.log 2>&1; echo "rc=$?"; tail -14 $R/ceiling-$p.log; pack
     done ;;
+  shapes)  # what an unseen (batch, length) costs on the CUDA provider, fp32 vs fp16 (why fp16 served slower)
+    deps; ortgpu
+    timeout 240 $PY -m benchmarks.gpu_ceiling --package models/bench/base-classify --variants fp32 fp16 \
+      --batch-sizes 32 --budget 0.5 --new-shapes 200 --tag shapes --out $R > $R/shapes.log 2>&1
+    echo "rc=$?"; tail -12 $R/shapes.log ;;
   serve)
     deps; ortgpu
     for p in base-classify minilm-embed; do

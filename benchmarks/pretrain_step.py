@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         help="diagnostic: drop the attention mask (pads attended), so SDPA may take flash",
     )
     p.add_argument(
+        "--dropout",
+        type=float,
+        help="diagnostic: every dropout at this rate (BERT 0.1; Cramming pretrains at 0)",
+    )
+    p.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -102,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     BertSelfAttention.fuse_qkv = not cli.three_qkv
     model = BertForPreTraining(config).to(device).train()
+    if cli.dropout is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = cli.dropout
+            if hasattr(m, "dropout_p"):  # BertSelfAttention's rate for SDPA
+                m.dropout_p = cli.dropout
     run_model = torch.compile(model, mode=cli.compile_mode) if cli.compile else model
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
