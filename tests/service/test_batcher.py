@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -443,4 +444,32 @@ async def test_one_lane_runs_one_batch_at_a_time_and_each_alone() -> None:
     backend.gate.set()
     await asyncio.gather(*requests)
     assert len(backend.batches) == 3
+    await batcher.stop()
+
+
+class Timed(FakeBackend):
+    """Records when each batch starts (perf_counter)."""
+
+    def __init__(self, hold_first: bool = False) -> None:
+        super().__init__(hold_first=hold_first)
+        self.starts: list[float] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+        self.starts.append(time.perf_counter())
+        return super().run(feeds, alone)
+
+
+async def test_a_lanes_next_batch_starts_in_its_thread_while_the_event_loop_is_busy() -> None:
+    """Two requests queued at once, one row a batch: the second waits in the lane's pocket
+    while the first runs, and starts as the first ends, even with the event loop blocked."""
+    backend = Timed(hold_first=True)
+    batcher, _ = make(backend, size=1)
+    requests = [asyncio.create_task(submit(batcher, [seq(3, i)], deadline())) for i in (1, 10)]
+    await asyncio.to_thread(backend.entered.wait, 5)
+    backend.gate.set()
+    time.sleep(0.3)  # the event loop does nothing else meanwhile
+    unblocked = time.perf_counter()
+    await asyncio.gather(*requests)
+    assert len(backend.starts) == 2
+    assert backend.starts[1] < unblocked - 0.2
     await batcher.stop()

@@ -141,8 +141,10 @@ TEXTS = ["good", "good film", "a good film", "a good old film", "a very good old
 async def test_an_onnx_runtime_error_fails_its_batch_only_and_the_worker_goes_on(
     model_dir: Path,
 ) -> None:
-    """The model is held on a first request while five others queue; they run two by two, and
-    ONNX Runtime fails the second forward pass (ids outside the vocabulary: a real ORT error)."""
+    """The model is held on a first request while five others queue; they run in batches of at
+    most two (which rows share one depends on when a lane's next batch is formed: while the
+    batch before it runs), and ONNX Runtime fails the second forward pass (ids outside the
+    vocabulary: a real ORT error)."""
     async with serve(Settings(model_dir=model_dir, max_batch_size=2)) as s:
         post = s.client.post
         reference = [(await post("/classify", json={"inputs": t})).json() for t in TEXTS]
@@ -159,6 +161,7 @@ async def test_an_onnx_runtime_error_fails_its_batch_only_and_the_worker_goes_on
         answers = await asyncio.gather(*queued)
 
         failed = [i for i, r in enumerate(answers) if r.status_code != 200]
+        assert failed
         assert [len(TEXTS[i].split()) + 2 for i in failed] == backend.lengths[1]  # its batch
         for i in failed:
             assert answers[i].status_code == 503
@@ -167,10 +170,12 @@ async def test_an_onnx_runtime_error_fails_its_batch_only_and_the_worker_goes_on
         for i, r in enumerate(answers):
             if i not in failed:
                 assert_same(r.json(), reference[i])
-        assert backend.rows == [1, 2, 2, 1]
+        assert backend.rows[0] == 1 and sum(backend.rows[1:]) == len(TEXTS)
+        assert max(backend.rows) <= 2
 
         assert (await s.client.get("/health")).status_code == 200  # the worker is alive
         assert_same((await post("/classify", json={"inputs": TEXTS[0]})).json(), reference[0])
         text = await s.metrics()
-        assert metric(text, "bert_heads_request_failures_total", reason="backend", **labels) == 2
+        failures = metric(text, "bert_heads_request_failures_total", reason="backend", **labels)
+        assert failures == len(failed) == backend.rows[1]
         assert metric(text, "bert_heads_queue_depth", **labels) == 0
