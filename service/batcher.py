@@ -284,8 +284,7 @@ class Batcher:
         in the thread's pocket (`_Pocket`), so neither the thread nor its core waits for the
         event loop, which meanwhile answers the finished batch's requests."""
         lane = asyncio.current_task()
-        loop = self._loop
-        assert lane is not None and loop is not None
+        assert lane is not None
         finished: asyncio.Queue[Finished] = asyncio.Queue()
         running = [batch]  # handed to a thread, not answered yet
         pocket = self._thread(batch, alone, finished)
