@@ -14,7 +14,7 @@ import numpy as np
 from heads.rows import Sequence, pad
 from service.batcher import CPU_PAD_LIMIT, pad_limit
 from service.job_queue import next_batch
-from service.runtime import CPU, CUDA, OrtBackend, preload_cuda_libraries
+from service.runtime import CPU, OrtBackend, cuda_provider, preload_cuda_libraries
 from service.settings import Settings
 
 
@@ -24,7 +24,7 @@ def open_session(model_path: Path, threads: int, spinning: bool, device: str = "
     if device == "cpu":
         return OrtBackend(model_path, [CPU], threads, spinning)
     preload_cuda_libraries()
-    backend = OrtBackend(model_path, [CUDA, CPU], threads, spinning)
+    backend = OrtBackend(model_path, [cuda_provider(), CPU], threads, spinning)
     if backend.provider != "cuda":
         raise RuntimeError(f"{model_path}: the session runs on CPU, not CUDA")
     return backend

@@ -20,7 +20,10 @@ them (a batch's rows x padded length vary from batch to batch): N shapes drawn a
 (batch 1-64, length 8-64, seeded), each run twice in a row, then all N once more; the
 milliseconds of the first call of each, the second, and the third pass, per variant. A first
 call far above the second is a per-shape cost (kernel selection, arena growth) that a server
-pays for every new shape, and bucketing lengths would bound.
+pays for every new shape, and bucketing lengths would bound. Measured: onnxruntime-gpu 1.31's
+cuDNN flash attention (fp16, Hopper) builds a graph per shape, 39 ms a first call, which is why
+the service leaves it out (`service.runtime.CUDA_ATTENTION_KERNELS`); sessions here are opened
+as the service opens them, and ORT_ENABLE_CUDNN_FLASH_ATTENTION=1 puts cuDNN's back.
 
 Results: benchmarks/results/gpu-ceiling-<package>[-tag].{json,md}.
 """
@@ -38,7 +41,7 @@ import onnxruntime as ort
 from benchmarks._machine import gpu_memory_mib, gpu_name
 from benchmarks._paths import write_results
 from heads.package import read_package
-from service.runtime import CUDA, preload_cuda_libraries
+from service.runtime import CUDA, cuda_provider, preload_cuda_libraries
 
 WAYS = ("run", "iobinding", "cudagraph")
 
@@ -60,7 +63,10 @@ def feeds(session: ort.InferenceSession, batch: int, seq: int) -> dict[str, np.n
 def open_session(path: Path, graph: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    provider = (CUDA, {"enable_cuda_graph": "1"}) if graph else CUDA
+    name, provider_options = cuda_provider()  # as the service opens it
+    if graph:
+        provider_options = {**provider_options, "enable_cuda_graph": "1"}
+    provider = (name, provider_options)
     session = ort.InferenceSession(str(path), options, providers=[provider])
     if session.get_providers()[0] != CUDA:
         raise RuntimeError(f"the session runs on {session.get_providers()}, not CUDA")

@@ -3,7 +3,9 @@
 #     bash benchmarks/gpu_session.sh env pretrain packages tests ceiling serve cpu16 workers
 #     bash benchmarks/gpu_session.sh env mfu             # BERT-base's step: 6 settings, ~6 min
 # What it needs there, carried in .gpu/ (git-ignored; each call carries at most 64 MiB, so the
-# 244 MiB onnxruntime-gpu wheel travels in pieces, in calls less than 30 s apart):
+# 244 MiB onnxruntime-gpu wheel travels in pieces, in calls less than 30 s apart; a carried path
+# does not outlive its call, so each piece's call runs this script with no stage, which copies
+# the piece to /tmp/parts):
 #   .gpu/p*/ort.0N     onnxruntime-gpu 1.31.1 cp312 manylinux (CUDA 13: the image's CUDA wheels
 #                      serve it) cut with `split -n 5 -d`; .gpu/ort.sha256 its sha256
 #   .gpu/p*/mini.0N    all-MiniLM-L6-v2's model.safetensors as fp16 (45 MB), cut in 4; the
@@ -11,6 +13,7 @@
 #   .gpu/whl/          the service's wheels the image lacks (fastapi, starlette, pydantic(-core,
 #                      -settings), python-dotenv, annotated-types, typing-inspection, uvicorn,
 #                      orjson, httptools, opentelemetry-api, importlib-metadata), cp312
+#                      (PACKAGES, VARIANTS: what the packages stage builds)
 #   .gpu/data/         sst2/{train,dev}.tsv, stsb/dev.tsv, vocab/bert-base-uncased and corpus/
 #                      (its books and wikitext-2) from ../shared/data
 # The `step` and `evidence` stages need only .gpu/data and .gpu/whl (torch is the image's).
@@ -119,7 +122,7 @@ for stage in "$@"; do
     echo "rc=$?"; tail -15 $R/gpu-tests.log ;;
   packages)
     deps; ortgpu; minilm
-    timeout 300 $PY -m benchmarks.packages --only minilm-embed base-classify --variants fp32,int8,fp16 \
+    timeout 300 $PY -m benchmarks.packages --only ${PACKAGES:-minilm-embed base-classify} --variants ${VARIANTS:-fp32,int8,fp16} \
       --out models/bench --results $R > $R/packages.log 2>&1; echo "rc=$?"; tail -5 $R/packages.log ;;
   ceiling)
     deps; ortgpu

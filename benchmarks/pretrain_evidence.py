@@ -122,6 +122,8 @@ def pretrain_model(cli: argparse.Namespace, out: Path) -> dict:
         "--precision",
         cli.precision,
     ]
+    if cli.dropout is not None:
+        argv += ["--dropout", str(cli.dropout)]
     if (out / "trainer_state.pt").is_file():
         argv.append("--resume")  # an interrupted benchmark continues where it stopped
     print("pretraining: python -m training.pretrain " + " ".join(argv), flush=True)
@@ -415,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-eval-examples", type=int, help="evaluate SST-2 on the first N (smoke)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dropout", type=float, help="pretraining's dropout (fine-tuning keeps 0.1)")
     p.add_argument(  # both stages: pretraining and the SST-2 fine-tuning
         "--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on a GPU, else fp32"
     )

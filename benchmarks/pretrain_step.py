@@ -27,7 +27,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from training.data.corpus import corpus_files
-from training.model import BertForPreTraining, BertSelfAttention
+from training.model import BertForPreTraining, BertSelfAttention, set_dropout
 from training.optim import adamw
 from training.pretrain import (
     H100_BF16_TFLOPS,
@@ -108,11 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     BertSelfAttention.fuse_qkv = not cli.three_qkv
     model = BertForPreTraining(config).to(device).train()
     if cli.dropout is not None:
-        for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = cli.dropout
-            if hasattr(m, "dropout_p"):  # BertSelfAttention's rate for SDPA
-                m.dropout_p = cli.dropout
+        set_dropout(model, cli.dropout)
     run_model = torch.compile(model, mode=cli.compile_mode) if cli.compile else model
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")

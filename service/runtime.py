@@ -24,6 +24,18 @@ log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+# The attention kernels a CUDA session may pick: the provider's `sdpa_kernel` bit mask (ORT's
+# AttentionBackend: flash 1, memory-efficient 2, TRT fused 4, unfused 16, TRT flash / cross /
+# causal 32 / 64 / 128), i.e. all but cuDNN's flash attention (8). Why: onnxruntime-gpu 1.31
+# picks cuDNN's for fp16 on Hopper, and cuDNN builds a graph for each new (batch, length) it
+# sees: 39 ms on the first call of a shape against 1.3 ms on the second (BERT-base fp16, H200,
+# `gpu_ceiling --new-shapes`), and the batcher makes new shapes all the time. Without it the
+# first call costs 4.9 ms and served fp16 at 128 clients went 1,237 -> 6,960 requests/s. At a
+# fixed shape cuDNN's is faster (15,277 against 12,289 sequences/s at batch 32): static shapes
+# would earn it, the batcher's do not. ORT_ENABLE_CUDNN_FLASH_ATTENTION, when set, decides.
+CUDA_ATTENTION_KERNELS = 1 | 2 | 4 | 16 | 32 | 64 | 128
+CUDNN_ATTENTION_ENV = "ORT_ENABLE_CUDNN_FLASH_ATTENTION"
+Provider = str | tuple[str, dict[str, str]]  # a name, or a name and its options
 _NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
@@ -63,7 +75,7 @@ class OrtBackend:
     def __init__(
         self,
         model_path: Path,
-        providers: list[str],
+        providers: list[Provider],
         intra_op_threads: int = 0,
         spinning: bool = False,
         lanes: int = 1,
@@ -102,7 +114,7 @@ class OrtBackend:
 
 
 def _session(
-    model_path: Path, providers: list[str], intra_op_threads: int, spinning: bool
+    model_path: Path, providers: list[Provider], intra_op_threads: int, spinning: bool
 ) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -149,6 +161,13 @@ def choose_variant(package: ModelPackage, requested: str, kind: str) -> str:
     return "fp32" if "fp32" in available else next(iter(available))
 
 
+def cuda_provider() -> tuple[str, dict[str, str]]:
+    """The CUDA provider with the options the service opens it with (see CUDA_ATTENTION_KERNELS)."""
+    if CUDNN_ATTENTION_ENV in os.environ:
+        return CUDA, {}
+    return CUDA, {"sdpa_kernel": str(CUDA_ATTENTION_KERNELS)}
+
+
 @functools.cache
 def preload_cuda_libraries() -> None:
     """Load CUDA and cuDNN from the nvidia-* wheels that onnxruntime-gpu[cuda,cudnn] installs,
@@ -175,7 +194,7 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
         raise RuntimeError("device=cuda but this onnxruntime build has no CUDAExecutionProvider")
     if try_cuda:
         preload_cuda_libraries()
-    providers = [CUDA, CPU] if try_cuda else [CPU]
+    providers = [cuda_provider(), CPU] if try_cuda else [CPU]
     variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
     threads, spinning = settings.intra_op_threads, settings.intra_op_spinning
     lanes = cpu_lanes(settings)

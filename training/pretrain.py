@@ -47,7 +47,7 @@ from training.data.corpus import (
     tokenize_corpus,
 )
 from training.data.pretraining import MASKED_LM_PROB, OBJECTIVES, SHORT_SEQ_PROB, PretrainingStream
-from training.model import BertForPreTraining
+from training.model import BertForPreTraining, set_dropout
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, train_tokenizer
 from training.trainer import PRECISIONS, Dist, LoopConfig, Trainer, autocast
 
@@ -95,6 +95,9 @@ class PretrainArgs:
     )
     init: Path | None = _model(None, "start from this checkpoint: its weights, config, vocabulary")
     objective: str = _model("mlm+nsp", "BERT, ALBERT (sop) or RoBERTa (mlm)", choices=OBJECTIVES)
+    dropout: float | None = _model(
+        None, "every dropout while pretraining (default the config's; fine-tuning keeps those)"
+    )
     steps: int | None = _optim(None, "optimizer steps to train for (or --time-budget)")
     time_budget: float | None = _optim(None, "train this long instead: 90s, 30m, 2h", type=duration)
     batch_size: int = _optim(32, "sequences per micro-batch per process")
@@ -155,6 +158,8 @@ def check_args(args: PretrainArgs) -> None:
         raise SystemExit("error: give one of --steps and --time-budget")
     if args.max_seq_length < 8:
         raise SystemExit("error: --max-seq-length must be at least 8")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise SystemExit(f"error: --dropout must be in [0, 1), not {args.dropout}")
     if not 0 < args.mlm_probability < 1 or not 0 <= args.short_seq_prob <= 1:
         raise SystemExit("error: --mlm-probability must be in (0, 1), --short-seq-prob in [0, 1]")
     if args.init is not None and args.config not in (None, RECIPES[args.recipe].get("config")):
@@ -367,6 +372,8 @@ def _pretrain(args: PretrainArgs, d: Dist) -> dict[str, Any]:
         model = load_model(args.init, task="pretraining").train().to(d.device)
     else:
         model = BertForPreTraining(config).to(d.device)
+    if args.dropout is not None:
+        set_dropout(model, args.dropout)
     if d.world > 1:  # the same initial weights on every rank; dropout masks of its own
         torch.manual_seed(args.seed + d.rank)
     if args.objective == "mlm":

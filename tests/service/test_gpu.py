@@ -44,6 +44,8 @@ def test_cuda_session_answers_as_the_cpu_does(package, variant: str) -> None:
     gpu, chosen = open_backend(package, Settings(device="cuda", variant=variant))
     assert (gpu.provider, chosen) == ("cuda", variant)
     assert gpu.session.get_providers()[0] == runtime.CUDA
+    options = gpu.session.get_provider_options()[runtime.CUDA]
+    assert options["sdpa_kernel"] == str(runtime.CUDA_ATTENTION_KERNELS)  # no cuDNN attention
     feeds = batch()
     want = cpu.run(feeds)["logits"]
     got = warm_up(gpu, feeds)["logits"]

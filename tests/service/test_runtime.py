@@ -62,6 +62,19 @@ def test_cuda_listed_but_unusable_falls_back_to_cpu_and_its_variant(package, mon
         open_backend(package, Settings(device="cuda"))
 
 
+def test_cuda_sessions_leave_out_cudnn_attention_unless_ort_is_told(monkeypatch) -> None:
+    # cuDNN's flash attention builds a graph per new shape (39 ms each on an H200): every
+    # other attention kernel stays allowed, and ORT's own switch, when set, decides instead.
+    monkeypatch.delenv(runtime.CUDNN_ATTENTION_ENV, raising=False)
+    name, options = runtime.cuda_provider()
+    kernels = int(options["sdpa_kernel"])
+    assert name == runtime.CUDA
+    assert kernels & 8 == 0  # cuDNN flash attention
+    assert kernels & (1 | 2 | 4 | 16) == 1 | 2 | 4 | 16  # flash, memory-efficient, TRT, unfused
+    monkeypatch.setenv(runtime.CUDNN_ATTENTION_ENV, "1")
+    assert runtime.cuda_provider() == (runtime.CUDA, {})
+
+
 def test_device_cuda_without_cuda_fails_the_package(package) -> None:
     if runtime.CUDA in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA")

@@ -17,7 +17,7 @@ from tests.training.corpus_text import write_chain_corpus, write_corpus
 from training.checkpoint import load_model, save_model
 from training.cli import duration
 from training.config import BertConfig
-from training.model import BertForPreTraining
+from training.model import BertForPreTraining, set_dropout
 from training.plots import read_log
 from training.pretrain import (
     build_parser,
@@ -263,6 +263,26 @@ def test_the_roberta_recipe_is_one_flag(data, tmp_path):
     assert "nsp_accuracy" not in result["eval"]
     saved = json.loads((out / "pretrain_args.json").read_text())
     assert (saved["recipe"], saved["adam_beta2"], saved["grad_accum"]) == ("roberta", 0.98, 2)
+
+
+def test_pretraining_without_dropout_leaves_fine_tuning_its_dropout(data, tmp_path):
+    first = {}
+    for name, extra in (("default", ()), ("none", ("--dropout", "0"))):
+        pretrain(
+            args_for(
+                data, tmp_path / name, "--steps", "2", "--log-every", "1", "--seed", "3", *extra
+            )
+        )
+        first[name] = train_rows(tmp_path / name)[0]["loss"]
+        saved = json.loads((tmp_path / name / "config.json").read_text())
+        assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.1
+    assert first["none"] != first["default"]  # the same seed and batches: only dropout differs
+    model = BertForPreTraining(BertConfig.load(data["config"])).train()
+    set_dropout(model, 0.0)
+    ids = torch.randint(5, 50, (2, 16))
+    torch.testing.assert_close(model(ids).prediction_logits, model(ids).prediction_logits)
+    with pytest.raises(SystemExit, match="--dropout must be in"):
+        pretrain(args_for(data, tmp_path / "bad", "--steps", "1", "--dropout", "1"))
 
 
 def test_a_time_budget_stops_the_run_and_decays_the_rate(data, tmp_path):
