@@ -318,7 +318,7 @@ def set_dropout(model: nn.Module, p: float) -> None:
     for m in model.modules():
         if isinstance(m, nn.Dropout):
             m.p = p
-        if isinstance(m, BertSelfAttention):  # SDPA takes its rate as an argument
+        if hasattr(m, "dropout_p"):  # an attention that hands SDPA its rate (BERT, ModernBERT)
             m.dropout_p = p
 
 
