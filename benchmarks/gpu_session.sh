@@ -94,9 +94,8 @@ for stage in "$@"; do
         --modes $modes $flags > $R/mfu-$run.log 2>&1
       echo "rc=$? $spec"; grep -v '^corpus\|^tokeniz' $R/mfu-$run.log | tail -6; pack
     done ;;
-  profile)  # BERT-base compiled at batch 512: the kernels a step spends its time in, then Q, K, V
-    # as three GEMMs
-    # (PROFILE_RUNS: other comma-separated flag sets for benchmarks.pretrain_step)
+  profile)  # BERT-base compiled at batch 512, one pretrain_step run per flag set in PROFILE_RUNS
+    # (comma-separated; default: the kernel profile, then Q, K, V as three GEMMs)
     deps
     run=0
     IFS=, read -ra extras <<< "${PROFILE_RUNS:---profile 3,--three-qkv}"
