@@ -35,6 +35,11 @@ CPU = "CPUExecutionProvider"
 # would earn it, the batcher's do not. ORT_ENABLE_CUDNN_FLASH_ATTENTION, when set, decides.
 CUDA_ATTENTION_KERNELS = 1 | 2 | 4 | 16 | 32 | 64 | 128
 CUDNN_ATTENTION_ENV = "ORT_ENABLE_CUDNN_FLASH_ATTENTION"
+# ORT's session-level fusions a CPU session goes without. SkipLayerNormFusion would put back
+# the SkipLayerNormalization that training.export splits for the CPU (its CPU kernel ran 4-5x
+# slower than Add + LayerNormalization: `split_skip_layer_norm`). Today it leaves exported
+# graphs alone (their dynamic shapes defeat its checks), but it fuses fixed-shape ones.
+CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 Provider = str | tuple[str, dict[str, str]]  # a name, or a name and its options
 _NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
@@ -125,7 +130,13 @@ def _session(
     # between batches they take nothing from the event loop (see Settings).
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
-    return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    on_cpu = all((p if isinstance(p, str) else p[0]) == CPU for p in providers)
+    return ort.InferenceSession(
+        str(model_path),
+        sess_options=options,
+        providers=providers,
+        disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS) if on_cpu else None,
+    )
 
 
 def usable_cores() -> int:

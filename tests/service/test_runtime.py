@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -73,6 +74,44 @@ def test_cuda_sessions_leave_out_cudnn_attention_unless_ort_is_told(monkeypatch)
     assert kernels & (1 | 2 | 4 | 16) == 1 | 2 | 4 | 16  # flash, memory-efficient, TRT, unfused
     monkeypatch.setenv(runtime.CUDNN_ATTENTION_ENV, "1")
     assert runtime.cuda_provider() == (runtime.CUDA, {})
+
+
+def test_cpu_sessions_do_not_fuse_skip_layer_norms_back(tmp_path, monkeypatch) -> None:
+    # training.export splits SkipLayerNormalization for the CPU (its CPU kernel is 4-5x slower
+    # than Add + LayerNormalization); ORT's session-level fusion would undo that on a graph of
+    # fixed shapes like this one.
+    h, hidden = onnx.helper, 16
+    weights = [
+        h.make_tensor(name, onnx.TensorProto.FLOAT, [hidden], np.full(hidden, value))
+        for name, value in (("gamma", 1.0), ("beta", 0.0))
+    ]
+    nodes = [
+        h.make_node("Add", ["x", "skip"], ["sum"]),
+        h.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    value = [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 4, hidden]) for n in "xy"]
+    skip = h.make_tensor_value_info("skip", onnx.TensorProto.FLOAT, [2, 4, hidden])
+    graph = h.make_graph(nodes, "g", [value[0], skip], [value[1]], weights)
+    path = tmp_path / "model.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]), str(path))
+    optimized = tmp_path / "optimized.onnx"
+    real = ort.InferenceSession
+
+    def saving_its_graph(model: str, sess_options: ort.SessionOptions, **kwargs):
+        sess_options.optimized_model_filepath = str(optimized)
+        return real(model, sess_options=sess_options, **kwargs)
+
+    def fused_ops() -> set[str]:
+        return {n.op_type for n in onnx.load(str(optimized)).graph.node}
+
+    monkeypatch.setattr(ort, "InferenceSession", saving_its_graph)
+    runtime.OrtBackend(path, [runtime.CPU], intra_op_threads=1)
+    assert "SkipLayerNormalization" not in fused_ops()
+    assert "LayerNormalization" in fused_ops()
+    options = ort.SessionOptions()  # the same session without the service's choice fuses it
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    saving_its_graph(str(path), options, providers=[runtime.CPU])
+    assert "SkipLayerNormalization" in fused_ops()
 
 
 def test_device_cuda_without_cuda_fails_the_package(package) -> None:

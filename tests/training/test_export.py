@@ -124,8 +124,88 @@ def test_fp32_graph_is_fused(exported) -> None:
     assert ops["EmbedLayerNormalization"] == 1
     # one per layer's feed-forward block; the masked-LM head's transform has one more
     assert ops["BiasGelu"] == LAYERS + (task == "fill-mask")
-    in_file = {n.op_type for n in onnx.load(str(pkg.variant_path("fp32"))).graph.node}
-    assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization"} <= in_file
+    assert pkg.source["fusion"]["cpu_split"] == {"SkipLayerNormalization": 2 * LAYERS}
+
+
+def op_counts(path: Path) -> dict[str, int]:
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    return {op: sum(n.op_type == op for n in nodes) for op in {n.op_type for n in nodes}}
+
+
+def test_cpu_graphs_split_skip_layer_norms_and_the_gpu_graph_keeps_them(exported) -> None:
+    task, pkg, _ = exported
+    still_fused = {"fp32": {"Attention", "EmbedLayerNormalization"}, "int8": {"QAttention"}}
+    for variant, fused in still_fused.items():  # the CPU's
+        ops = op_counts(pkg.variant_path(variant))
+        assert "SkipLayerNormalization" not in ops, variant
+        # two a layer; the masked-LM head's transform has its own (never a skip layer norm)
+        assert ops["LayerNormalization"] == 2 * LAYERS + (task == "fill-mask"), variant
+        assert fused | {"BiasGelu"} <= set(ops), variant
+    ops = op_counts(pkg.variant_path("fp16"))  # the GPU's
+    assert ops["SkipLayerNormalization"] == 2 * LAYERS
+    assert {"Attention", "EmbedLayerNormalization"} <= set(ops)
+
+
+def skip_layer_norm_graph(inputs: list[str], outputs: list[str]) -> onnx.ModelProto:
+    """One SkipLayerNormalization (hidden 8) feeding a Relu, so a graph can name its outputs."""
+    h = onnx.helper
+    hidden = 8
+    rng = np.random.default_rng(0)
+    weights = {
+        name: h.make_tensor(name, onnx.TensorProto.FLOAT, [hidden], rng.normal(size=hidden))
+        for name in ("gamma", "beta", "bias")
+    }
+    node = h.make_node(
+        "SkipLayerNormalization", inputs, outputs, domain="com.microsoft", epsilon=1e-5,
+        name="sln",
+    )  # fmt: skip
+    nodes = [node] + [h.make_node("Relu", [o], [f"{o}_out"]) for o in outputs if o]
+    value = onnx.TensorProto.FLOAT
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info(n, value, ["B", "T", hidden]) for n in ("x", "skip")],
+        [
+            h.make_tensor_value_info(f"{o}_out", value, ["B", "T", 1 if o == "mean" else hidden])
+            for o in outputs
+            if o
+        ],
+        [weights[n] for n in inputs[2:] if n],
+    )
+    return h.make_model(
+        graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "splits"),
+    [
+        (["x", "skip", "gamma", "beta", "bias"], ["y"], 1),
+        (["x", "skip", "gamma", "beta"], ["y"], 1),
+        (["x", "skip", "gamma"], ["y"], 1),  # no beta (ModernBERT's norms have no bias)
+        (["x", "skip", "gamma", "beta", "bias"], ["y", "", "", "sum"], 1),  # the sum used
+        (["x", "skip", "gamma", "", "bias"], ["y", "", "", "sum"], 1),
+        (["x", "skip", "gamma", "beta", "bias"], ["y", "mean"], 0),  # its statistics: kept
+    ],
+)
+def test_split_skip_layer_norm_computes_what_ort_fused_did(inputs, outputs, splits) -> None:
+    fused = skip_layer_norm_graph(inputs, outputs)
+    split = skip_layer_norm_graph(inputs, outputs)
+    assert export.split_skip_layer_norm(split) == splits
+    ops = {n.op_type for n in split.graph.node}
+    assert ("SkipLayerNormalization" in ops) == (splits == 0)
+    onnx.checker.check_model(split, full_check=True)
+    rng = np.random.default_rng(1)
+    feed = {n: rng.normal(size=(2, 5, 8)).astype(np.float32) for n in ("x", "skip")}
+    want = session_of(fused).run(None, feed)
+    got = session_of(split).run(None, feed)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+
+
+def session_of(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def test_graph_is_one_file_with_the_contract_io(exported) -> None:

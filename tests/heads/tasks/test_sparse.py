@@ -68,7 +68,10 @@ def test_the_served_answer_is_the_formula(family: str) -> None:
         assert all(e["value"] > 0 for e in entries) and 0 < len(entries) < len(row)
     named = run_job(pkg, sparse.Job(pkg, TEXTS[:1], with_tokens=True))[0]
     assert [e["token"] for e in named] == [tokenizer.id_to_token(e["index"]) for e in named]
-    assert [{"index": e["index"], "value": e["value"]} for e in named] == answers[0]
+    # alone, not in the padded batch: the same entries, values to float rounding
+    assert [e["index"] for e in named] == [e["index"] for e in answers[0]]
+    values = np.array([[e["value"] for e in named], [e["value"] for e in answers[0]]])
+    assert np.abs(values[0] - values[1]).max() <= TOL
 
 
 def test_several_jobs_answer_as_each_alone() -> None:
