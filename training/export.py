@@ -335,8 +335,8 @@ def split_skip_layer_norm(model: onnx.ModelProto) -> int:
     three ops (ORT 1.32, AMD EPYC with AVX-512, 2 x 26 x 384: 107 against 24 us), and on
     all-MiniLM-L6-v2 its 12 nodes were 9% of a batch: the split graph ran 6-8% faster in fp32
     and 18-24% in int8 at batch 1-4, outputs within 4e-7 (benchmarks/README.md, "Issue 31:
-    the CPU's skip layer norm"). The CUDA kernel is the fast one there: the GPU's fp16 graph
-    keeps the fused node. A node whose mean / inverse-std outputs are used stays fused."""
+    the CPU's skip layer norm"). On CUDA the fused kernel is the fast one: the GPU's fp16
+    graph keeps it. A node whose mean / inverse-std outputs are used stays fused."""
     graph = model.graph
     nodes: list[onnx.NodeProto] = []
     split = 0
