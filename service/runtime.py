@@ -130,12 +130,11 @@ def _session(
     # between batches they take nothing from the event loop (see Settings).
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
-    on_cpu = all((p if isinstance(p, str) else p[0]) == CPU for p in providers)
     return ort.InferenceSession(
         str(model_path),
         sess_options=options,
         providers=providers,
-        disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS) if on_cpu else None,
+        disabled_optimizers=list(CPU_DISABLED_OPTIMIZERS) if providers == [CPU] else None,
     )
 
 

@@ -315,17 +315,23 @@ def export_onnx(head: ExportHead, path: Path, max_seq_length: int, opset: int) -
         )
 
 
-def fuse(path: Path, out: Path, num_heads: int, hidden_size: int) -> dict[str, int]:
-    """ORT's BERT optimizer; returns what actually fused (op type -> count)."""
+def fuse(
+    path: Path, gpu_out: Path, cpu_out: Path, num_heads: int, hidden_size: int
+) -> tuple[dict[str, int], int]:
+    """ORT's BERT optimizer: the fused graph in `gpu_out`, the same with its skip layer norms
+    split (`split_skip_layer_norm`) in `cpu_out`. Returns what actually fused (op type ->
+    count) and how many nodes the CPU's graph split."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     model = optimize_model(str(path), "bert", num_heads=num_heads, hidden_size=hidden_size)
-    model.save_model_to_file(str(out))
+    model.save_model_to_file(str(gpu_out))
     counts: dict[str, int] = {op: 0 for op in FUSED_OPS}
     for node in model.model.graph.node:
         if node.op_type in counts:
             counts[node.op_type] += 1
-    return counts
+    split = split_skip_layer_norm(model.model)
+    model.save_model_to_file(str(cpu_out))
+    return counts, split
 
 
 def split_skip_layer_norm(model: onnx.ModelProto) -> int:
@@ -368,14 +374,6 @@ def split_skip_layer_norm(model: onnx.ModelProto) -> int:
         split += 1
     del graph.node[:]
     graph.node.extend(nodes)
-    return split
-
-
-def write_cpu_graph(fused: Path, out: Path) -> int:
-    """`fused` as the CPU's graph (see split_skip_layer_norm) in `out`; returns the nodes split."""
-    model = onnx.load(str(fused))
-    split = split_skip_layer_norm(model)
-    onnx.save(model, str(out))
     return split
 
 
@@ -730,8 +728,7 @@ def _fused_or_plain(
     fused = work / "fused.onnx"
     try:
         with timed("ORT BERT fusion", verbose):
-            counts = fuse(raw, fused, config.num_attention_heads, config.hidden_size)
-            split = write_cpu_graph(fused, fp32)
+            counts, split = fuse(raw, fused, fp32, config.num_attention_heads, config.hidden_size)
         # ops: what the optimizer fused (the GPU's graph); the CPU's has `split` of them undone
         fusion = {"ops": counts, "cpu_split": {"SkipLayerNormalization": split}}
         log(
