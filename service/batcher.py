@@ -5,10 +5,10 @@ Requests arrive as `Job`s (heads.tasks): texts plus what to do with them. The qu
 this module runs it. One worker task per model dispatches, in a loop:
 
 1. encode the texts of every job that arrived since its last look in one `encode_batch` call
-   (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows, in a thread
-   (the Rust encoder runs without the GIL). When a batch is ready to run, this overlaps its
-   inference; when the model is idle, it comes first, and a lone short job (INLINE_CHARS) is
-   encoded on the event loop, sparing the hop;
+   (one `encode` each under SERIAL_BELOW texts) and ask each job for its rows: on the event
+   loop when they are short (INLINE_CHARS in all, sparing the hop), else in a thread (the Rust
+   encoder runs without the GIL), which overlaps the batches running; when the model is idle,
+   they come first;
 2. take a window of the oldest queued rows (FIFO), skipping rows of requests that are already
    finished: cancelled because the client went away, past their deadline, or failed;
 3. sort the window by length and grow a batch around the oldest row, first with shorter rows
@@ -73,15 +73,19 @@ def pad_limit(provider: str) -> int | None:
 # Fewer texts than this are encoded one `encode` call each, not by `encode_batch`: waking the
 # tokenizers Rust pool for a few short texts cost more than it saved. SST-2 sentences on a busy
 # 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
-# noise (benchmarks/README.md, "Issue 18, round 3").
+# noise (benchmarks/README.md, "Issue 18, round 3"). On the event loop texts are always
+# encoded one call each: there `encode_batch` waits for the pool's threads, which queue behind
+# the lanes for a core (3.6 ms a call at 32 clients against 1.2 ms on idle cores).
 SERIAL_BELOW = 8
-# A job of at most this many characters that arrives alone at an idle model is tokenized on
-# the event loop, not in a thread: for one short sentence the hop to a thread and back (waking
-# it, then the loop) took longer than the encoding, and nothing runs that the encoding could
-# overlap. Several jobs at once (under load, where encoding them overlaps the running batch),
-# larger jobs, and every job while a batch runs still go to a thread (benchmarks/README.md,
-# "Issue 18, final").
-INLINE_CHARS = 512
+# Jobs that arrive together with at most this many characters in all are tokenized on the
+# event loop, whatever the model is doing; larger ones go to a thread. On 2 cores the hop to a
+# thread and back (waking it, then the loop) cost about what encoding a few sentences does
+# (~40 us a 106-character SST-2 sentence, 0.33 us a character), and while both lanes run the
+# thread only takes a core from them: MiniLM int8 served 10-28% more at 8 clients, 0-6% at 32
+# and 12% at 4 x 32 sentences than with every job under load in a thread (fp32 +1-4%;
+# benchmarks/README.md, "Issue 31: tokenizing on the loop"). A larger job (up to ~1.3 ms of
+# encoding here) would hold the loop, and every request behind it, longer than a hop costs.
+INLINE_CHARS = 4096
 
 
 def _finite_rows(
@@ -231,12 +235,11 @@ class Batcher:
         while True:
             wake.clear()
             if not self._encoding and (new := queue.take_new()):
-                if not self._lanes and queue.oldest() is None:
+                if sum(len(text) for r in new for text in r.job.texts) <= INLINE_CHARS:
+                    self._tokenize_here(new)
+                elif not self._lanes and queue.oldest() is None:
                     # idle model: these rows are the next batch; encode them first
-                    if len(new) == 1 and sum(map(len, new[0].job.texts)) <= INLINE_CHARS:
-                        self._tokenize_here(new)
-                    else:
-                        await self._tokenize(new)
+                    await self._tokenize(new)
                 else:  # overlaps the batches running
                     self._encoding = True
                     self._spawn(self._tokenize(new), encoder=True)
@@ -365,7 +368,7 @@ class Batcher:
         """`_tokenize` on the event loop (see INLINE_CHARS)."""
         start = time.perf_counter()
         try:
-            made = self._rows_of([r.job for r in requests])
+            made = self._rows_of([r.job for r in requests], serial=True)
         except Exception:  # a bug here must not kill the worker
             log.exception("%s: tokenization failed", self.name)
             made = [BackendError("internal error while tokenizing")] * len(requests)
@@ -394,13 +397,14 @@ class Batcher:
         if windowed:
             self.metrics.windowed.inc(windowed)
 
-    def _rows_of(self, jobs: list[Job]) -> list[list[Sequence] | Exception]:
-        """In a thread: every job's texts in one encoder call, then each job's rows."""
+    def _rows_of(self, jobs: list[Job], serial: bool = False) -> list[list[Sequence] | Exception]:
+        """Every job's texts in one encoder call (`serial`: one call a text), then each job's
+        rows."""
         texts = [text for job in jobs for text in job.texts]
         encodings = []
         if texts:
             assert self.tokenizer is not None, "a batcher that takes texts needs the tokenizer"
-            if len(texts) < SERIAL_BELOW:
+            if serial or len(texts) < SERIAL_BELOW:
                 encode = self.tokenizer.encode
                 encodings = [encode(text, add_special_tokens=False) for text in texts]
             else:

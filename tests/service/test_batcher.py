@@ -369,8 +369,15 @@ class Texts(Rows):
 
 
 class Encoder:
+    def __init__(self) -> None:
+        self.batches: list[int] = []  # texts per encode_batch call
+
     def encode(self, text: str, add_special_tokens: bool = True) -> str:
         return text
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[str]:
+        self.batches.append(len(texts))
+        return texts
 
 
 async def test_an_idle_model_tokenizes_a_short_job_on_the_loop_and_a_long_one_in_a_thread() -> None:
@@ -381,6 +388,43 @@ async def test_an_idle_model_tokenizes_a_short_job_on_the_loop_and_a_long_one_in
     assert (await batcher.submit(short, deadline()))[0]["total"] == 40 + 41 + 42
     assert (await batcher.submit(long_, deadline()))[0]["total"] == 40 + 41 + 42
     assert short.thread == threading.get_ident() != long_.thread
+    await batcher.stop()
+
+
+async def test_a_busy_model_tokenizes_short_jobs_on_the_loop_too() -> None:
+    backend = FakeBackend(hold_first=True)
+    batcher, _ = make(backend)
+    batcher.tokenizer = Encoder()  # type: ignore[assignment]
+    first = asyncio.ensure_future(submit(batcher, [seq(3, 1)], deadline()))
+    await asyncio.to_thread(backend.entered.wait, 5)  # its batch runs (held) from here
+    short = [Texts("a fine movie") for _ in range(3)]
+    answers = [batcher.enqueue(job, deadline()) for job in short]
+    for _ in range(1000):  # the worker takes them (in one encoder call) while the batch runs
+        if all(job.thread is not None for job in short):
+            break
+        await asyncio.sleep(0.001)
+    long_ = Texts("word " * INLINE_CHARS)
+    answers.append(batcher.enqueue(long_, deadline()))
+    while long_.thread is None:
+        await asyncio.sleep(0.001)
+    backend.gate.set()
+    assert [a[0]["total"] for a in await asyncio.gather(first, *answers)] == [6] + [123] * 4
+    loop_thread = threading.get_ident()
+    assert all(job.thread == loop_thread for job in short), "the hop costs more than these"
+    assert long_.thread != loop_thread, "a long job would hold the loop: a thread encodes it"
+    await batcher.stop()
+
+
+async def test_the_loop_encodes_text_by_text_and_a_thread_in_one_batch_call() -> None:
+    backend = FakeBackend()
+    batcher, _ = make(backend)
+    batcher.tokenizer = encoder = Encoder()  # type: ignore[assignment]
+    short, long_ = Texts("a fine movie"), Texts("word " * (INLINE_CHARS // 50))
+    short.texts, long_.texts = short.texts * 10, long_.texts * 60  # both over SERIAL_BELOW
+    await batcher.submit(short, deadline())
+    assert encoder.batches == [], "on the loop, encode_batch would wait for the Rust pool"
+    await batcher.submit(long_, deadline())
+    assert encoder.batches == [60] and long_.thread != threading.get_ident()
     await batcher.stop()
 
 
