@@ -73,9 +73,7 @@ def pad_limit(provider: str) -> int | None:
 # Fewer texts than this are encoded one `encode` call each, not by `encode_batch`: waking the
 # tokenizers Rust pool for a few short texts cost more than it saved. SST-2 sentences on a busy
 # 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
-# noise (benchmarks/README.md, "Issue 18, round 3"). On the event loop texts are always
-# encoded one call each: there `encode_batch` waits for the pool's threads, which queue behind
-# the lanes for a core (3.6 ms a call at 32 clients against 1.2 ms on idle cores).
+# noise (benchmarks/README.md, "Issue 18, round 3").
 SERIAL_BELOW = 8
 # Jobs that arrive together with at most this many characters in all are tokenized on the
 # event loop, whatever the model is doing; larger ones go to a thread. On 2 cores the hop to a
@@ -368,7 +366,7 @@ class Batcher:
         """`_tokenize` on the event loop (see INLINE_CHARS)."""
         start = time.perf_counter()
         try:
-            made = self._rows_of([r.job for r in requests], serial=True)
+            made = self._rows_of([r.job for r in requests])
         except Exception:  # a bug here must not kill the worker
             log.exception("%s: tokenization failed", self.name)
             made = [BackendError("internal error while tokenizing")] * len(requests)
@@ -397,14 +395,14 @@ class Batcher:
         if windowed:
             self.metrics.windowed.inc(windowed)
 
-    def _rows_of(self, jobs: list[Job], serial: bool = False) -> list[list[Sequence] | Exception]:
-        """Every job's texts in one encoder call (`serial`: one call a text), then each job's
-        rows."""
+    def _rows_of(self, jobs: list[Job]) -> list[list[Sequence] | Exception]:
+        """Every job's texts in one encoder call, then each job's rows (on the loop or in a
+        thread)."""
         texts = [text for job in jobs for text in job.texts]
         encodings = []
         if texts:
             assert self.tokenizer is not None, "a batcher that takes texts needs the tokenizer"
-            if serial or len(texts) < SERIAL_BELOW:
+            if len(texts) < SERIAL_BELOW:
                 encode = self.tokenizer.encode
                 encodings = [encode(text, add_special_tokens=False) for text in texts]
             else:

@@ -369,15 +369,8 @@ class Texts(Rows):
 
 
 class Encoder:
-    def __init__(self) -> None:
-        self.batches: list[int] = []  # texts per encode_batch call
-
     def encode(self, text: str, add_special_tokens: bool = True) -> str:
         return text
-
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[str]:
-        self.batches.append(len(texts))
-        return texts
 
 
 async def test_an_idle_model_tokenizes_a_short_job_on_the_loop_and_a_long_one_in_a_thread() -> None:
@@ -412,19 +405,6 @@ async def test_a_busy_model_tokenizes_short_jobs_on_the_loop_too() -> None:
     loop_thread = threading.get_ident()
     assert all(job.thread == loop_thread for job in short), "the hop costs more than these"
     assert long_.thread != loop_thread, "a long job would hold the loop: a thread encodes it"
-    await batcher.stop()
-
-
-async def test_the_loop_encodes_text_by_text_and_a_thread_in_one_batch_call() -> None:
-    backend = FakeBackend()
-    batcher, _ = make(backend)
-    batcher.tokenizer = encoder = Encoder()  # type: ignore[assignment]
-    short, long_ = Texts("a fine movie"), Texts("word " * (INLINE_CHARS // 50))
-    short.texts, long_.texts = short.texts * 10, long_.texts * 60  # both over SERIAL_BELOW
-    await batcher.submit(short, deadline())
-    assert encoder.batches == [], "on the loop, encode_batch would wait for the Rust pool"
-    await batcher.submit(long_, deadline())
-    assert encoder.batches == [60] and long_.thread != threading.get_ident()
     await batcher.stop()
 
 
