@@ -390,16 +390,20 @@ async def test_a_busy_model_tokenizes_short_jobs_on_the_loop_too() -> None:
     batcher.tokenizer = Encoder()  # type: ignore[assignment]
     first = asyncio.ensure_future(submit(batcher, [seq(3, 1)], deadline()))
     await asyncio.to_thread(backend.entered.wait, 5)  # its batch runs (held) from here
+
+    async def tokenized(jobs: list[Texts]) -> None:  # while the held batch runs
+        for _ in range(5000):
+            if all(job.thread is not None for job in jobs):
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError("the worker did not tokenize the jobs")
+
     short = [Texts("a fine movie") for _ in range(3)]
     answers = [batcher.enqueue(job, deadline()) for job in short]
-    for _ in range(1000):  # the worker takes them (in one encoder call) while the batch runs
-        if all(job.thread is not None for job in short):
-            break
-        await asyncio.sleep(0.001)
+    await tokenized(short)  # together, in one encoder call
     long_ = Texts("word " * INLINE_CHARS)
     answers.append(batcher.enqueue(long_, deadline()))
-    while long_.thread is None:
-        await asyncio.sleep(0.001)
+    await tokenized([long_])
     backend.gate.set()
     assert [a[0]["total"] for a in await asyncio.gather(first, *answers)] == [6] + [123] * 4
     loop_thread = threading.get_ident()
