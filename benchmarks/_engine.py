@@ -30,9 +30,13 @@ def open_session(model_path: Path, threads: int, spinning: bool, device: str = "
     return backend
 
 
-def feeds_for(backend: OrtBackend, rows: list[Sequence]) -> dict[str, np.ndarray]:
-    """Padded (B, T) feeds in the session's input names and dtypes (built before timing)."""
-    padded = pad(rows)
+def feeds_for(
+    backend: OrtBackend, rows: list[Sequence], pad_token_id: int = 0
+) -> dict[str, np.ndarray]:
+    """Padded (B, T) feeds in the session's input names and dtypes (built before timing).
+    pad_token_id: the package's (`ModelPackage.pad_token_id`) where answers matter; speed
+    runs may pad with anything."""
+    padded = pad(rows, pad_token_id)
     return {
         i.name: padded[i.name].astype(np.int32 if i.type == "tensor(int32)" else np.int64)
         for i in backend.session.get_inputs()

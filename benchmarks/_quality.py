@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks._data import SST2_LABELS, Item
 from benchmarks._engine import feeds_for, open_session
 from heads.package import ModelPackage
-from heads.rows import Outputs, Sequence, load_package_tokenizer
+from heads.rows import Outputs, Sequence, load_package_tokenizer, pad_id
 from heads.tasks import embed, qa
 from service.registry import sequence_outputs
 from training.data.pairs import ScoredPair, read_pairs
@@ -37,13 +37,15 @@ def row_outputs(
 ) -> list[Outputs]:
     """Each row's outputs, as the batcher hands them over (padding cut off), in input order."""
     backend = open_session(package.variant_path(variant), threads, spinning=False)
+    tok = load_package_tokenizer(package.tokenizer_path)
     per_token = sequence_outputs(package)
     names = [o.name for o in backend.session.get_outputs()]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     out: list[Outputs | None] = [None] * len(rows)
     for at in range(0, len(order), BATCH):
         idx = order[at : at + BATCH]
-        values = backend.session.run(names, feeds_for(backend, [rows[i] for i in idx]))
+        feeds = feeds_for(backend, [rows[i] for i in idx], pad_id(package.pad_token_id, tok))
+        values = backend.session.run(names, feeds)
         for k, i in enumerate(idx):
             n = len(rows[i])
             out[i] = {

@@ -15,6 +15,7 @@ the service can refuse a package at start-up with a line an operator can act on.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -77,6 +78,16 @@ class ModelPackage:
     # (its tokenizer_config.json's clean_up_tokenization_spaces), for the answer's sequences
     mask_token: str | None = None
     clean_up_tokenization_spaces: bool = False
+    # role (pad, cls, sep, mask, unk, bos, eos) -> {token, id, source}: what the checkpoint
+    # declared, resolved at export (training.special_tokens); empty for older packages
+    special_tokens: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The id rows are padded with (the RoBERTa and MPNet families count position ids from
+        it); None for a package exported before the export recorded it."""
+        pad = self.special_tokens.get("pad")
+        return pad["id"] if pad else None
 
     @property
     def sparse(self) -> bool:
@@ -144,6 +155,13 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
     mask_token = m.get("mask_token")
     if mask_token is not None and (not isinstance(mask_token, str) or not mask_token):
         raise bad(f"mask_token {mask_token!r} is not a token")
+    special_tokens = m.get("special_tokens") or {}
+    if not isinstance(special_tokens, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("id"), int) and isinstance(v.get("token"), str)
+        for k, v in special_tokens.items()
+        if k != "notes"
+    ):
+        raise bad("special_tokens must map roles to {token, id, source}")
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
 
@@ -193,6 +211,7 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         default_prompt_name=default_prompt,
         mask_token=mask_token if m["task"] == "fill-mask" else None,
         clean_up_tokenization_spaces=bool(m.get("clean_up_tokenization_spaces", False)),
+        special_tokens=dict(special_tokens),
     )
 
 

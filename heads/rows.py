@@ -73,7 +73,27 @@ def pad(rows: list[Sequence], pad_token_id: int = 0) -> dict[str, np.ndarray]:
 
 CLS_TOKEN = "[CLS]"
 SEP_TOKEN = "[SEP]"
-PAD_TOKENS = ("[PAD]", "<pad>")  # BERT, ALBERT, ELECTRA, DistilBERT / RoBERTa, XLM-R, CamemBERT
+# The pad id is the package's (package.json special_tokens, resolved at export from what the
+# checkpoint declares). These names are the last resort for packages exported before it was
+# recorded: BERT, ALBERT, ELECTRA, DistilBERT / RoBERTa, XLM-R, CamemBERT. A name is a guess:
+# all-mpnet-base-v2's vocabulary holds "[PAD]" at id 4 while the model pads with "<pad>", 1.
+PAD_TOKENS = ("[PAD]", "<pad>")
+
+
+def guess_pad_id(tokenizer: Tokenizer) -> int | None:
+    """The first of PAD_TOKENS the vocabulary has (None: neither). Only for a package that
+    does not say its pad id."""
+    return next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), None)
+
+
+def pad_id(declared: int | None, tokenizer: Tokenizer) -> int:
+    """The id to pad rows with: the package's own (`ModelPackage.pad_token_id`); for a package
+    exported before the export recorded it, a guess by name, and 0 when the vocabulary has no
+    pad token (the attention mask hides whatever fills the padding of a BERT)."""
+    if declared is not None:
+        return declared
+    guess = guess_pad_id(tokenizer)
+    return 0 if guess is None else guess
 
 
 def prepare_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
@@ -110,17 +130,15 @@ class _Parts:
 
 @dataclass(frozen=True, slots=True)
 class Template:
-    """A model family's row layout for one text and for a pair, and its padding id.
+    """A model family's row layout for one text and for a pair.
 
     Read from the tokenizer's post-processor (`template`), so every family gets its own:
     BERT, ALBERT, ELECTRA, DistilBERT `[CLS] a [SEP]` / `[CLS] a [SEP] b [SEP]` with type 1
     on `b [SEP]`; RoBERTa, XLM-R, CamemBERT `<s> a </s>` / `<s> a </s></s> b </s>`, all type 0.
-    pad_id: what `pad` fills with; the RoBERTa family's position ids are counted from it.
     """
 
     single: _Parts
     pair: _Parts
-    pad_id: int
 
     @property
     def cls_id(self) -> int | None:
@@ -157,7 +175,6 @@ def _probe_parts(tokenizer: Tokenizer, a: Encoding, b: Encoding | None) -> _Part
 
 
 def _read_template(tokenizer: Tokenizer) -> Template:
-    pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0)
     if tokenizer.post_processor is None:
         # A bare tokenizer.json (no template): BERT's layout by its token names, as before
         # tokenizer.json carried one.
@@ -173,7 +190,6 @@ def _read_template(tokenizer: Tokenizer) -> Template:
         return Template(
             single=_Parts(one, zero, 0, empty, empty, 0, sep, zero),
             pair=_Parts(one, zero, 0, sep, zero, 1, sep, np.ones(1, np.int64)),
-            pad_id=pad_id,
         )
     a = tokenizer.encode("a", add_special_tokens=False)
     b = tokenizer.encode("b", add_special_tokens=False)
@@ -185,7 +201,7 @@ def _read_template(tokenizer: Tokenizer) -> Template:
             "the tokenizer's post-processor adds no special tokens: a BERT-family model "
             "needs its [CLS]/<s> template in tokenizer.json"
         )
-    return Template(single=single, pair=pair, pad_id=pad_id)
+    return Template(single=single, pair=pair)
 
 
 # tokenizer id -> (tokenizer, its Template), held as _SUBWORD below holds its tables.

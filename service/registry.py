@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from heads.contract import MANIFEST, OUTPUT_NAMES
 from heads.package import ModelPackage, find_packages, read_package
-from heads.rows import encode, forget, load_package_tokenizer, row, template
+from heads.rows import encode, forget, load_package_tokenizer, pad_id, row, template
 from service.batcher import Batcher, pad
 from service.errors import InputError, ModelNotFound, NotReady
 from service.job_queue import Admission
@@ -207,7 +207,7 @@ class Registry:
         sample = row(template(tokenizer), encode(tokenizer, "warm up the model").ids)
         warm = time.perf_counter()
         outputs = warm_up(
-            backend, pad([sample, sample], template(tokenizer).pad_id)
+            backend, pad([sample, sample], pad_id(package.pad_token_id, tokenizer))
         )  # 2 rows: the batch axis is dynamic
         seconds = time.perf_counter() - warm
         if missing := declared - set(outputs):
@@ -237,7 +237,7 @@ class Registry:
             max_batch_tokens=batch_tokens(package, s.max_batch_tokens),
             max_batch_size=s.max_batch_size,
             max_wait_ms=s.max_wait_ms,
-            pad_token_id=template(opened.tokenizer).pad_id,
+            pad_token_id=pad_id(package.pad_token_id, opened.tokenizer),
             name=package.name,
         )
         batcher.start()

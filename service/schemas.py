@@ -534,6 +534,11 @@ class ModelInfo(BaseModel):
     )
     default_prompt_name: str | None = None
     max_seq_length: int | None = None
+    special_tokens: dict[str, Any] | None = Field(
+        default=None,
+        description="role (pad, cls, sep, mask, unk, bos, eos) -> {token, id, source}: what the "
+        "checkpoint declared, read at export; rows are padded with pad's id.",
+    )
     variant: str | None = None
     variants: list[str] | None = None
     provider: str | None = None

@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
+TF_WEIGHTS = "tf_model.h5"
+# Weights of other frameworks that older checkpoints carry alone: named in the error.
+OTHER_FRAMEWORKS = {TF_WEIGHTS: "TensorFlow", "flax_model.msgpack": "JAX/Flax"}
 
 # config.json's architectures -> task, every family's (BertForSequenceClassification,
 # RobertaModel, ...): what load_model builds when no task is given.
@@ -306,20 +309,31 @@ def _infer_task(directory: Path, raw: dict[str, Any]) -> str:
     )
 
 
+def check_vocabulary(tokenizer: Tokenizer, vocab_size: int, what: str) -> None:
+    """Every id `tokenizer` can produce must index the embeddings: its largest id below
+    `vocab_size`. Fewer tokens than rows is how models are published (deberta-v3-base: 128,001
+    tokens, vocab_size 128,100; ModernBERT-base 50,368 rows, rounded up for the GPU): the
+    extra rows are never looked up."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    top = max(ids, default=-1)
+    if top >= vocab_size:
+        above = sum(i >= vocab_size for i in ids)
+        raise CheckpointError(
+            f"{what} produces ids up to {top} ({above} token(s) at or past {vocab_size}), but "
+            f"the model's vocab_size is {vocab_size}: the embeddings have no row for them "
+            "(wrong tokenizer for this checkpoint, or tokens added without resizing the model)"
+        )
+
+
 def _check_vocab(directory: Path, config: BertConfig) -> None:
-    # Strict equality: a larger vocabulary indexes past the embeddings; a smaller one means the
-    # tokenizer and the weights come from different models.
     for name in ("tokenizer.json", "vocab.txt"):
         path = directory / name
         if path.is_file():
             try:
-                size = load_tokenizer(path).get_vocab_size(with_added_tokens=True)
+                tokenizer = load_tokenizer(path)
             except TokenizerError as e:
                 raise CheckpointError(str(e)) from None
-            if size != config.vocab_size:
-                raise CheckpointError(
-                    f"{path}: {size} tokens, but config.json has vocab_size {config.vocab_size}"
-                )
+            check_vocabulary(tokenizer, config.vocab_size, str(path))
 
 
 def weights_file(directory: str | Path) -> Path:
@@ -328,6 +342,19 @@ def weights_file(directory: str | Path) -> Path:
     for name in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN):
         if (directory / name).is_file():
             return directory / name
+    other = [name for name in OTHER_FRAMEWORKS if (directory / name).is_file()]
+    if other:
+        # Converting needs TensorFlow (or JAX) itself to read the file as transformers lays it
+        # out: a dependency of gigabytes for a one-time step, so we say how instead.
+        raise CheckpointError(
+            f"{directory}: only {', '.join(other)} ({OTHER_FRAMEWORKS[other[0]]} weights); "
+            f"convert it once to {SAFETENSORS} with transformers, on a machine with "
+            f'{OTHER_FRAMEWORKS[other[0]]}: python -c "from transformers import AutoModel; '
+            f"AutoModel.from_pretrained('{directory}', "
+            f"{'from_tf' if other[0] == TF_WEIGHTS else 'from_flax'}=True)"
+            f".save_pretrained('{directory}')\" (use the Auto class of its head, e.g. "
+            "AutoModelForSequenceClassification, to keep the head)"
+        )
     raise CheckpointError(f"{directory}: no {SAFETENSORS} or {PYTORCH_BIN}")
 
 
@@ -646,10 +673,8 @@ def save_model(
         )
     else:
         config = config.replace(id2label=None, problem_type=None)
-    if tokenizer is not None and tokenizer.get_vocab_size(True) != config.vocab_size:
-        raise CheckpointError(
-            f"tokenizer has {tokenizer.get_vocab_size(True)} tokens, model vocab_size {config.vocab_size}"
-        )
+    if tokenizer is not None:
+        check_vocabulary(tokenizer, config.vocab_size, "the tokenizer")
 
     # The tied decoder weight is the word embeddings: safetensors refuses shared storage, and
     # transformers re-ties it on load, so (like transformers) it is not written; nor is any

@@ -84,6 +84,7 @@ from heads.package import ModelPackage, write_package
 from heads.rows import pad, prepare_tokenizer, row, template
 from training.checkpoint import (
     CheckpointError,
+    check_vocabulary,
     load_model,
     read_max_seq_length,
     read_sentence_transformers,
@@ -98,6 +99,7 @@ from training.model import (
     set_attention_implementation,
     splade,
 )
+from training.special_tokens import SpecialTokens, special_tokens
 from training.tokenizer import (
     TokenizerError,
     clean_up_tokenization_spaces,
@@ -207,14 +209,16 @@ def export_mode(module: nn.Module) -> Iterator[None]:
 
 
 def probe_batches(
-    tokenizer: Tokenizer, vocab_size: int, max_seq_length: int, seed: int = 0
+    tokenizer: Tokenizer, pad_id: int, max_seq_length: int, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
     """Padded batches as the service builds them: pairs in the family's own layout
     (`heads.rows.template`: [CLS] a [SEP] b [SEP] or <s> a </s></s> b </s>), rows of
-    different lengths, random non-special token ids, padded with the family's pad id."""
+    different lengths, random non-special ids of the tokenizer's vocabulary (a model may have
+    more embedding rows than tokens: DeBERTa-v3, ModernBERT), padded with `pad_id`."""
     rng = np.random.default_rng(seed)
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-    ordinary = np.array([i for i in range(vocab_size) if i not in special])
+    vocab = tokenizer.get_vocab(with_added_tokens=True).values()
+    ordinary = np.array(sorted(i for i in vocab if i not in special))
     layout = template(prepare_tokenizer(tokenizer))
     n_special = layout.pair.n_special
     batches = []
@@ -225,7 +229,7 @@ def probe_batches(
             n = max(n_special + 2, T - r * T // batch)  # first row fills T; the others are padded
             text = rng.choice(ordinary, n - n_special)
             rows.append(row(layout, text[: len(text) // 2], text[len(text) // 2 :]))
-        batches.append(pad(rows, layout.pad_id))
+        batches.append(pad(rows, pad_id))
     return batches
 
 
@@ -540,11 +544,10 @@ def export_package(
     model, checkpoint = _resolve_model(model_or_checkpoint, FILL_MASK if sparse else task, verbose)
     tok = _tokenizer(tokenizer, checkpoint)
     config = model.config
-    if tok.get_vocab_size(with_added_tokens=True) > config.vocab_size:
-        raise ExportError(
-            f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} tokens but the "
-            f"model's vocab_size is {config.vocab_size}: wrong tokenizer for this checkpoint?"
-        )
+    try:
+        check_vocabulary(tok, config.vocab_size, "the tokenizer")
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
     max_seq_length = max_seq_length or default_max_seq_length(config, checkpoint)
     if not 2 <= max_seq_length <= config.max_tokens:
         raise ExportError(
@@ -556,13 +559,22 @@ def export_package(
                 else ")"
             )
         )
-    layout = template(prepare_tokenizer(Tokenizer.from_str(tok.to_str())))
-    if config.position_offset and layout.pad_id != config.pad_token_id:
-        # The RoBERTa family counts position ids over the tokens that are not padding, so the
-        # service must pad with exactly the model's pad_token_id.
+    # The files of the folder the tokenizer came from say what it declares. A Tokenizer object
+    # says only what it holds and its token names (the checkpoint's files describe its own
+    # tokenizer, not this one); the model's pad_token_id is then checked against them.
+    where = tokenizer if isinstance(tokenizer, str | Path) else None if tokenizer else checkpoint
+    specials = special_tokens(where, tok)
+    for note in specials.notes:
+        log(f"special tokens: {note}", verbose)
+    pad_id = specials.ids.get("pad", config.pad_token_id)
+    if config.position_offset and pad_id != config.pad_token_id:
+        # The RoBERTa and MPNet families count position ids over the tokens that are not
+        # padding, so the service must pad with exactly the model's pad_token_id.
         raise ExportError(
-            f"the tokenizer pads with id {layout.pad_id} but the model's pad_token_id is "
-            f"{config.pad_token_id}: wrong tokenizer for this checkpoint?"
+            f"the tokenizer pads with {specials.tokens['pad']} ({pad_id}, by "
+            f"{specials.sources['pad']}) but the model's pad_token_id is "
+            f"{config.pad_token_id}: wrong tokenizer for this checkpoint? (A tokenizer given "
+            "as an object says no more than its token names: pass its folder instead.)"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
     prompts = sparse_metadata(checkpoint) if sparse else prompt_metadata(checkpoint, task)
@@ -575,7 +587,7 @@ def export_package(
     try:
         with export_mode(head):
             probes, graph, fusion, parity = build_graphs(
-                head, staging, tok, max_seq_length, variants, opset, verbose
+                head, staging, tok, pad_id, max_seq_length, variants, opset, verbose
             )
         tok = Tokenizer.from_str(tok.to_str())  # a copy: the caller's keeps its settings
         tok.no_padding()  # the service pads per batch and windows long inputs itself
@@ -590,6 +602,7 @@ def export_package(
             "normalize": normalize,
             **prompts,
             **fill_mask,
+            "special_tokens": {**specials.record(), **_pad_record(specials, pad_id, tok)},
             "max_seq_length": max_seq_length,
             "do_lower_case": do_lower_case(tok),
             "inputs": [
@@ -639,6 +652,7 @@ def build_graphs(
     head: ExportHead,
     out: Path,
     tok: Tokenizer,
+    pad_id: int,
     max_seq_length: int,
     variants: list[str],
     opset: int,
@@ -647,7 +661,7 @@ def build_graphs(
     """Write every variant's graph into `out`. Returns (probe shapes, fp32 graph kind, fusion
     record, parity per variant)."""
     config = head.model.config
-    batches = probe_batches(tok, config.vocab_size, max_seq_length)
+    batches = probe_batches(tok, pad_id, max_seq_length)
     refs = torch_outputs(head, batches)
     with tempfile.TemporaryDirectory() as work:
         raw = Path(work) / "raw.onnx"
@@ -754,6 +768,20 @@ def _fused_or_plain(
             f"(tolerance {FP32_TOLERANCE}): {json.dumps(parity['max_abs_diff'])}"
         )
     return "unfused", fusion, parity, fp32
+
+
+def _pad_record(specials: SpecialTokens, pad_id: int, tok: Tokenizer) -> dict[str, Any]:
+    """package.json's pad entry when no file and no name declared one: the model's
+    pad_token_id, which the service then pads with (the attention mask hides it)."""
+    if "pad" in specials.ids:
+        return {}
+    return {
+        "pad": {
+            "token": tok.id_to_token(pad_id) or "",
+            "id": pad_id,
+            "source": "the model's config",
+        }
+    }
 
 
 def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dict[str, Any]]:

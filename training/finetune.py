@@ -344,8 +344,10 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
             from training.export import export_package
 
             package_dir = out / "package"
+            # the tokenizer from best/'s files, which declare its special tokens (an object
+            # would say only its token names)
             export_package(
-                out / "best", args.task, package_dir, tokenizer=tokenizer,
+                out / "best", args.task, package_dir,
                 name=args.name or out.resolve().name, max_seq_length=args.max_seq_length,
                 source={"finetune": {"args": dataclasses.asdict(args), "best": best}},
             )  # fmt: skip

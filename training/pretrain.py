@@ -48,6 +48,7 @@ from training.data.corpus import (
 )
 from training.data.pretraining import MASKED_LM_PROB, OBJECTIVES, SHORT_SEQ_PROB, PretrainingStream
 from training.model import BertForPreTraining, set_dropout
+from training.special_tokens import special_tokens
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer, train_tokenizer
 from training.trainer import PRECISIONS, Dist, LoopConfig, Trainer, autocast
 
@@ -230,7 +231,8 @@ def get_tokenizer(args: PretrainArgs, d: Dist, files: list[Path]) -> Tokenizer:
 
 def get_config(args: PretrainArgs, tokenizer: Tokenizer) -> BertConfig:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    pad = tokenizer.token_to_id("[PAD]")
+    tokenizer_folder = None if args.tokenizer.startswith("train:") else args.tokenizer
+    pad = special_tokens(tokenizer_folder, tokenizer).ids.get("pad")
     if args.init is not None:  # its own architecture, whatever the recipe's preset
         config = BertConfig.load(Path(args.init) / "config.json")
         if config.vocab_size < vocab_size:

@@ -35,6 +35,8 @@ from tokenizers.pre_tokenizers import BertPreTokenizer, ByteLevel
 from tokenizers.processors import RobertaProcessing, TemplateProcessing
 from tokenizers.trainers import WordPieceTrainer
 
+from training.special_tokens import special_tokens
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # The mask token's usual names: BERT, ALBERT, DistilBERT, DeBERTa, ModernBERT / RoBERTa, XLM-R,
 # CamemBERT, MPNet.
@@ -190,14 +192,10 @@ def _special_tokens(folder: Path) -> dict[str, str]:
 
 
 def mask_token(tok: Tokenizer, folder: str | Path | None = None) -> str | None:
-    """The token a masked LM fills in: the one the folder's tokenizer_config.json /
-    special_tokens_map.json name `mask_token` when the vocabulary has it, else a special token
-    named [MASK] or <mask>; None when there is none."""
-    declared = _special_tokens(Path(folder)).get("mask_token") if folder else None
-    if declared and tok.token_to_id(declared) is not None:
-        return declared
-    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    return next((t for t in MASK_TOKENS if t in special), None)
+    """The token a masked LM fills in, as the folder's files declare it (special_tokens_map.json,
+    tokenizer_config.json, training.special_tokens' order), else [MASK] or <mask> by name;
+    None when there is none."""
+    return special_tokens(folder, tok).tokens.get("mask")
 
 
 def clean_up_tokenization_spaces(folder: str | Path | None) -> bool:

@@ -40,7 +40,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import PAD_TOKENS, InvalidInput, Outputs, Sequence, row, template
+from heads.rows import InvalidInput, Outputs, Sequence, guess_pad_id, row, template
 from heads.tasks import one_by_one
 
 __all__ = ["TOP_K", "Job", "clean_up", "postprocess", "preprocess", "target_ids"]
@@ -141,11 +141,13 @@ def postprocess(
     top_k: int = TOP_K,
     targets: np.ndarray | None = None,
     clean_up_tokenization_spaces: bool = False,
+    pad_id: int | None = None,
 ) -> list[list[Any]]:
     """Per row, its logits (L, V) -> the answer: the top_k {score, token, token_str,
-    sequence} of its one blank, or one such list per blank. targets: `target_ids`' ids."""
+    sequence} of its one blank, or one such list per blank. targets: `target_ids`' ids.
+    pad_id: the package's (None: a guess by name, for packages that do not record it)."""
     mask_id = _mask_id(tokenizer, mask_token)
-    pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), None)
+    pad_id = guess_pad_id(tokenizer) if pad_id is None else pad_id
     if targets is not None:
         top_k = min(top_k, len(targets))
 
@@ -219,6 +221,7 @@ class Job:
         self.texts = texts
         self.mask_token = package.mask_token
         self.clean_up = package.clean_up_tokenization_spaces
+        self.pad_id = package.pad_token_id
         self.max_seq_length = package.max_seq_length
         self.top_k, self.targets = top_k, targets
         self.tokenizer: Tokenizer | None = None
@@ -243,6 +246,7 @@ class Job:
             self.top_k,
             self.target_ids,
             self.clean_up,
+            self.pad_id,
         )
 
     @staticmethod

@@ -46,6 +46,7 @@ def describe(entry: Entry) -> ModelInfo:
             "prompts": p.prompts or None,
             "default_prompt_name": p.default_prompt_name,
             "max_seq_length": p.max_seq_length,
+            "special_tokens": p.special_tokens or None,
             "variant": entry.model.variant,
             "variants": sorted(p.variants),
             "provider": entry.model.backend.provider,

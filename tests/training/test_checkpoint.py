@@ -340,10 +340,31 @@ def test_shapes_that_do_not_match_the_config(tmp_path, tiny_config):
     )
 
 
-def test_vocab_that_does_not_match_vocab_size(tmp_path, tiny_config):
+def test_a_vocabulary_past_vocab_size_is_refused(tmp_path, tiny_config):
     save_model(_new("classification", tiny_config), tmp_path)
-    (tmp_path / "vocab.txt").write_text("\n".join(_tiny_vocab()[:98]) + "\n")
-    _fails(r"vocab.txt: 98 tokens, but config.json has vocab_size 99", tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(_tiny_vocab() + ["extra1", "extra2"]) + "\n")
+    _fails(
+        r"vocab.txt produces ids up to 100 \(2 token\(s\) at or past 99\), but the model's "
+        r"vocab_size is 99: the embeddings have no row for them",
+        tmp_path,
+    )
+
+
+def test_a_vocabulary_smaller_than_vocab_size_loads(tmp_path, tiny_config):
+    # As DeBERTa-v3 and ModernBERT are published: embedding rows past the last token.
+    save_model(_new("classification", tiny_config), tmp_path)
+    (tmp_path / "vocab.txt").write_text("\n".join(_tiny_vocab()[:90]) + "\n")
+    model = load_model(tmp_path, task="classification")
+    assert model.config.vocab_size == 99
+
+
+def test_tensorflow_weights_alone_say_how_to_convert(tmp_path, tiny_config):
+    save_model(_new("classification", tiny_config), tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "tf_model.h5")
+    _fails(
+        r"only tf_model.h5 \(TensorFlow weights\); convert it once to model.safetensors .*from_tf=True",
+        tmp_path,
+    )
 
 
 def test_missing_and_unexpected_weights(tmp_path, tiny_config):

@@ -82,7 +82,9 @@ def test_onnx_equals_transformers_for_every_head(exported, family):
         inputs = [i.name for i in session.get_inputs()]
         assert [i["name"] for i in manifest["inputs"]] == inputs
         tokenizer = load_tokenizer(package / "tokenizer.json")
-        batches = probe_batches(tokenizer, manifest_vocab(folder), manifest["max_seq_length"])
+        pad_id = manifest["special_tokens"]["pad"]["id"]
+        assert pad_id == json.loads((folder / "config.json").read_text())["pad_token_id"]
+        batches = probe_batches(tokenizer, pad_id, manifest["max_seq_length"])
         assert {b["input_ids"].shape for b in batches} == {(1, 7), (3, 7), (1, 64), (3, 64)}
         for batch in batches:
             assert (batch["attention_mask"] == 0).any() or batch["input_ids"].shape[0] == 1
@@ -110,10 +112,6 @@ def test_onnx_equals_transformers_for_every_head(exported, family):
         else:  # the BERT fusion fires: one embedding block, one Attention per layer
             assert ops.get("EmbedLayerNormalization") == 1, (family, task, ops)
             assert ops.get("Attention") == 2, (family, task, ops)
-
-
-def manifest_vocab(folder: Path) -> int:
-    return json.loads((folder / "config.json").read_text())["vocab_size"]
 
 
 def test_the_distilbert_graph_declares_no_token_types(exported):
@@ -189,11 +187,13 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path):
     roberta = family_checkpoint("roberta", "classification", seed=SEED)
     bigger = load_tokenizer(roberta)
     bigger.add_tokens([f"extra{i}" for i in range(5)])
-    with pytest.raises(ExportError, match="tokens but the model's vocab_size"):
+    with pytest.raises(ExportError, match="produces ids up to .* but the model's vocab_size"):
         export_package(roberta, "classification", tmp_path / "a", tokenizer=bigger, verbose=False)
     # a WordPiece vocabulary pads with [PAD] = 0, not where RoBERTa counts positions from
     bert_vocab = load_tokenizer(family_checkpoint("bert", "classification", seed=SEED))
-    with pytest.raises(ExportError, match="pads with id 0 but the model's pad_token_id is 1"):
+    with pytest.raises(
+        ExportError, match=r"pads with \[PAD\] \(0, by name\) but the model's pad_token_id is 1"
+    ):
         export_package(
             roberta, "classification", tmp_path / "b", tokenizer=bert_vocab, verbose=False
         )

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from heads.package import ModelPackage, read_package
-from heads.rows import Outputs, load_package_tokenizer, pad, template
+from heads.rows import Outputs, load_package_tokenizer, pad, pad_id
 
 _sessions: dict[Path, Any] = {}
 
@@ -32,15 +32,21 @@ def run_job(package: ModelPackage | Path, job: Any) -> Any:
     tokenizer = load_package_tokenizer(package.tokenizer_path)
     encodings = tokenizer.encode_batch(job.texts, add_special_tokens=False)
     rows = job.rows(tokenizer, encodings)
-    feeds = pad(rows, template(tokenizer).pad_id)
+    feeds = pad(rows, pad_id(package.pad_token_id, tokenizer))
     run = session(package)
     names = [o.name for o in run.get_outputs()]
     got = run.run(names, {i.name: feeds[i.name] for i in run.get_inputs()})
+    # outputs whose axis 1 is the sequence (the package says which, as the service reads it)
+    per_token = {
+        o["name"]
+        for o in package.outputs
+        if len(o.get("shape", [])) > 1 and o["shape"][1] == "sequence"
+    }
     outputs: list[Outputs] = []
     for r, seq in enumerate(rows):
         # per-token outputs lose their padding, as the batcher hands them back
         cut = {
-            n: g[r, : len(seq)] if g.ndim >= 3 else g[r] for n, g in zip(names, got, strict=True)
+            n: g[r, : len(seq)] if n in per_token else g[r] for n, g in zip(names, got, strict=True)
         }
         outputs.append({n: np.asarray(v) for n, v in cut.items()})
     return type(job).answer_many([job], [outputs])[0]
