@@ -204,7 +204,7 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
         raise RuntimeError("device=cuda but this onnxruntime build has no CUDAExecutionProvider")
     if try_cuda:
         preload_cuda_libraries()
-    providers = [cuda_provider(), CPU] if try_cuda else [CPU]
+    providers: list[Provider] = [cuda_provider(), CPU] if try_cuda else [CPU]
     variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
     threads, spinning = settings.intra_op_threads, settings.intra_op_spinning
     lanes = cpu_lanes(settings)
