@@ -220,6 +220,9 @@ def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
     except json.JSONDecodeError as exc:
         message = f"body is not valid JSON ({exc.msg} at character {exc.pos})"
         raise _BadBody(422, message, "validation") from None
+    except RecursionError:  # pydantic-core stops at depth 200; the standard library recurses
+        message = "body: JSON nested too deeply (a request body is an object of a few levels)"
+        raise _BadBody(422, message, "validation") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
