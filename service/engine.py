@@ -350,7 +350,7 @@ class Engine:
         return self.run(
             "classification",
             model,
-            [query, *items],
+            [(query, document) for document in items],  # a row each: counted, sized as pairs
             lambda package: rerank.Job(
                 package,
                 query,
@@ -361,6 +361,7 @@ class Engine:
                 top_n=top_n,
             ),
             call,
+            field="documents",
         )
 
     def zero_shot(
@@ -438,6 +439,7 @@ class Engine:
         make_job: Callable[[ModelPackage], Job],
         call: Call | None = None,
         accept: Callable[[ModelPackage], bool] | None = None,
+        field: str = "inputs",
     ) -> Any:
         """The answer of the job `make_job` builds for the chosen model (see the module
         docstring for the steps and their errors)."""
@@ -449,19 +451,19 @@ class Engine:
         try:
             model = registry.select(task, name, call.where, accept)
             call.chose(model, task or model.package.task, len(inputs))
-            self.check_sizes(inputs)
+            self.check_sizes(inputs, field)
             job = call.job = make_job(model.package)
             return await call.wait(model.batcher.enqueue(job, call.deadline, call.timing))
         finally:
             registry.admission.release()
 
-    def check_sizes(self, inputs: list[Any]) -> None:
+    def check_sizes(self, inputs: list[Any], field: str = "inputs") -> None:
         """413 for more inputs than max_client_batch_size or an input over max_text_chars (a
-        pair's texts together)."""
+        pair's texts together). field: what the request calls them."""
         s = self.settings
         if len(inputs) > s.max_client_batch_size:
             raise PayloadTooLarge(
-                f"inputs has {len(inputs)} items, more than max_client_batch_size "
+                f"{field} has {len(inputs)} items, more than max_client_batch_size "
                 f"({s.max_client_batch_size}); split the request"
             )
         for i, x in enumerate(inputs):
@@ -472,6 +474,6 @@ class Engine:
             )
             if n > s.max_text_chars:
                 raise PayloadTooLarge(
-                    f"inputs[{i}] has {n} characters, more than max_text_chars "
+                    f"{field}[{i}] has {n} characters, more than max_text_chars "
                     f"({s.max_text_chars}); split the text"
                 )

@@ -199,3 +199,16 @@ async def test_a_package_with_other_label_counts_is_refused(
     )
     with pytest.raises(InvalidInput, match="3 labels"):
         rerank.Job(package, QUERY, ["a"])
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])
+async def test_the_limit_counts_documents_not_the_query(served: Service, path: str):
+    limit = Settings().max_client_batch_size
+    key = "texts" if path == "/rerank" else "documents"
+    body = {"query": QUERY, key: [f"document {i}" for i in range(limit)], "model": "bert"}
+    full = await served.client.post(path, json=body)
+    assert full.status_code == 200, full.text  # exactly the limit: the query is not a document
+    body[key] = [*body[key], "one more"]
+    over = await served.client.post(path, json=body)
+    assert over.status_code == 413
+    assert over.json()["error"].startswith(f"documents has {limit + 1} items")
