@@ -404,4 +404,11 @@ class Registry:
             raise InputError(f"several {kind} are loaded ({names}); name one in 'model'")
         if not self.loaded.is_set():
             raise NotReady("models are still loading")
+        other = [e.name for e in self.entries if task in (None, e.task) and e.model is not None]
+        if other:  # of the task, but refused by `accept`: a dense model for /embed_sparse
+            raise ModelNotFound(
+                f"no {kind.removesuffix('s')} that {endpoint} serves is loaded ("
+                f"{', '.join(other)} {'is' if len(other) == 1 else 'are'} for other endpoints: "
+                "GET /models lists each model's endpoints)"
+            )
         raise ModelNotFound(f"no {task or ''} model is loaded; GET /models lists what is")

@@ -61,9 +61,12 @@ def decode(
     """Each id list back to text; an id outside the vocabulary is an InvalidInput naming it."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     for i, row in enumerate(ids):
-        if bad := [x for x in row if not 0 <= x < size]:
+        if bad := [j for j, x in enumerate(row) if not 0 <= x < size]:
+            # one list is how /decode is mostly called: name the place in it alone
+            where = f"ids[{bad[0]}]" if len(ids) == 1 else f"ids[{i}][{bad[0]}]"
             raise InvalidInput(
-                f"ids[{i}] holds {bad[0]}, outside this model's vocabulary (0..{size - 1})"
+                f"{where} is {row[bad[0]]}, outside this model's vocabulary: token ids run "
+                f"from 0 to {size - 1}"
             )
     return [tokenizer.decode(row, skip_special_tokens=skip_special_tokens) for row in ids]
 
