@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -180,11 +181,13 @@ class InferenceRoute(APIRoute):
 
 
 async def respond(
-    model: type[BaseModel], endpoint: Endpoint, run: Inference, raw: bytes
+    model: type[BaseModel], endpoint: Endpoint, run: Inference, raw: bytes, limit: int = 0
 ) -> Response:
-    """The endpoint's response, or the error body for what it (or the body `raw`) raised."""
+    """The endpoint's response, or the error body for what it (or the body `raw`) raised.
+    limit: the most bytes a compressed body may expand to (0: the body's own size, x 64)."""
     try:
         require_api_key(run)
+        raw = decompressed(raw, run.header(b"content-encoding"), limit or 64 * len(raw))
         body = parse(model, raw, run.header(b"content-type"))
         return await endpoint(body, run)
     except Exception as exc:
@@ -195,6 +198,40 @@ class _BadBody(ServiceError):
     def __init__(self, status: int, message: str, error_type: str) -> None:
         super().__init__(message)
         self.status, self.error_type = status, error_type
+
+
+def decompressed(raw: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body as sent before its Content-Encoding: gzip is undone (clients that compress
+    large batches send it), identity or none is the body itself; any other is a 415. A gzip
+    body that is not one is a 400, and one that expands past `limit` (the payload limit) a
+    413: a few kilobytes of gzip can hold gigabytes of zeros."""
+    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
+    codings = [c for c in codings if c != "identity"]
+    if not codings:
+        return raw
+    if codings != ["gzip"] and codings != ["x-gzip"]:
+        raise _BadBody(
+            415,
+            f"Content-Encoding {encoding!r} is not supported: send the body as it is, or gzip",
+            "unsupported_media_type",
+        )
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        body = inflate.decompress(raw, limit + 1)
+        done = inflate.eof and not inflate.unused_data
+    except zlib.error:
+        done, body = False, b""
+    if len(body) > limit:
+        raise _BadBody(
+            413, f"the body expands past the payload limit ({limit} bytes)", "payload_too_large"
+        )
+    if not done:
+        raise _BadBody(
+            400,
+            "body: Content-Encoding is gzip but the body is not (or is cut short) gzip data",
+            "bad_request",
+        )
+    return body
 
 
 def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
@@ -275,7 +312,7 @@ class InferencePath:
                 await reject_payload(scope, send, self.limit)
             elif raw is not _GONE:
                 run = (Inference if tracing is None else TracedInference)(scope, receive)
-                response = await respond(*handler, run, raw)
+                response = await respond(*handler, run, raw, self.limit)
                 status = response.status_code
                 built = time.perf_counter()
                 await send(
