@@ -103,8 +103,15 @@ def routing_message(request: Request, status: int, headers: dict[str, str] | Non
     endpoints there are, or the method the path takes. None for any other status."""
     where = f"{request.method} {request.url.path}"
     if status == 404:
-        paths = ", ".join(request.app.openapi()["paths"])  # built once, then cached
-        return f"no endpoint at {where}; the endpoints are {paths} (see /docs)"
+        every = request.app.openapi()["paths"]  # built once, then cached
+        # the ones a user types: not the model-control and v2 paths with {name} in them
+        paths = ", ".join(p for p in every if "{" not in p and not p.startswith("/v2"))
+        v2 = (
+            "; the Open Inference Protocol is under /v2"
+            if any(p.startswith("/v2") for p in every)
+            else ""
+        )
+        return f"no endpoint at {where}; the endpoints are {paths}{v2} (see /docs)"
     if status == 405:
         allowed = (headers or {}).get("Allow", "")  # Starlette's router names the methods
         return f"{where} is not allowed: this path takes {allowed or 'another method'} (see /docs)"

@@ -34,3 +34,17 @@ async def test_embed_sparse_with_only_a_dense_model_says_so(shared):
     message = await error(shared, "/embed_sparse", {"inputs": "a text"}, status=404)
     assert "minilm is for other endpoints" in message, message
     assert "no embedding model that /embed_sparse serves is loaded" in message
+
+
+async def test_the_404_lists_what_a_user_calls_not_the_internal_paths(tmp_path, make_package):
+    from service.settings import Settings
+    from tests.service.conftest import serve
+
+    make_package(tmp_path, "classification")
+    settings = Settings(model_dir=tmp_path, model_control="explicit", admin_key="k" * 16)
+    async with serve(settings) as service:
+        message = await error(service, "/clasify", {}, status=404)
+    listed = message.split("the endpoints are ")[1].split(";")[0].split(", ")
+    assert {"/classify", "/embed", "/models", "/health", "/metrics"} <= set(listed)
+    assert not [p for p in listed if "{" in p or p.startswith("/v2")], listed
+    assert message.endswith("the Open Inference Protocol is under /v2 (see /docs)")
