@@ -25,11 +25,36 @@ METAVARS |= {"otlp_endpoint": "URL"}
 METAVARS |= {name: "SECONDS" for name in ("request_timeout", "drain_timeout")}
 
 
+# --help shows the settings most runs touch first, the rest under headings (each field once).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "common": ("model_dir", "host", "port", "workers", "variant", "device", "api_key",
+               "log_level"),
+    "batching and limits": ("max_batch_tokens", "max_batch_size", "max_wait_ms",
+                            "max_concurrent_requests", "max_client_batch_size", "payload_limit",
+                            "max_text_chars", "request_timeout"),
+    "CPU threads": ("intra_op_threads", "concurrent_batches", "intra_op_spinning"),
+    "models and their updates": ("model_name", "verify_sha256", "allow_partial",
+                                 "model_control", "poll_interval", "admin_key"),
+    "access and operations": ("api_keys_file", "protect_metrics", "cors_origins",
+                              "drain_timeout", "otlp_endpoint"),
+}  # fmt: skip
+EXAMPLES = """examples:
+  python -m service --model-dir models --port 8080
+  BERT_HEADS_API_KEY=secret python -m service --host 0.0.0.0 --workers 2
+  python -m service --model-dir models/sst2 --variant int8 --log-level debug"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m service",
-        description="Serve BERT-head model packages over HTTP (ONNX Runtime).",
+        usage="python -m service [--model-dir DIR] [--port PORT] [options]",
+        description="Serve BERT-head model packages over HTTP (ONNX Runtime). Every option is "
+        "also an environment variable; a flag wins over it.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    group_of = {name: title for title, names in GROUPS.items() for name in names}
+    groups = {title: parser.add_argument_group(title) for title in GROUPS}
     for name, field in Settings.model_fields.items():
         default = field.get_default(call_default_factory=True)
         shown = (
@@ -50,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["choices"] = get_args(field.annotation)
         else:
             kwargs["metavar"] = METAVARS.get(name, name.split("_")[-1].upper())
-        parser.add_argument("--" + name.replace("_", "-"), **kwargs)
+        groups[group_of[name]].add_argument("--" + name.replace("_", "-"), **kwargs)
     return parser
 
 

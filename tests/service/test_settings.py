@@ -76,3 +76,16 @@ def test_an_empty_api_key_means_no_key(monkeypatch: pytest.MonkeyPatch, value: s
     assert Settings().api_key is None
     monkeypatch.setenv("BERT_HEADS_API_KEY", "s3cret")
     assert Settings().api_key is not None
+
+
+def test_help_shows_the_common_options_first_and_every_setting_once():
+    from service.__main__ import GROUPS
+
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(Settings.model_fields)  # each exactly once
+    lines = build_parser().format_help().splitlines()
+    first_screen = "\n".join(lines[:45])
+    for name in GROUPS["common"]:
+        assert f"--{name.replace('_', '-')}" in first_screen, name
+    assert lines[0] == "usage: python -m service [--model-dir DIR] [--port PORT] [options]"
+    assert "examples:" in lines[-4]
