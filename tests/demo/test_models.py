@@ -55,3 +55,20 @@ def test_the_time_left_said_only_goes_down():
     assert shown.say(185.0, now=72.0) == "about 1:08 to go"
     assert shown.say(30.0, now=80.0) == "about 0:30 to go"  # a lower estimate is said at once
     assert shown.say(60.0, now=110.0).startswith("taking longer than estimated")
+
+
+def test_once_run_out_the_countdown_says_the_new_estimate_once():
+    from demo.models import Countdown
+
+    shown = Countdown(50.0, at=0.0)
+    assert shown.say(60.0, now=55.0) == "taking longer than estimated; now about 1:00 to go"
+    assert shown.say(50.0, now=70.0) == "about 0:45 to go"  # counting down from there
+    assert shown.say(0.0, now=200.0).startswith("taking longer than estimated (")
+
+
+def test_the_first_estimate_counts_the_other_work_on_the_machine():
+    from demo.models import starting_pace
+
+    assert starting_pace(jobs=2, cpus=2, load=0.0) == 1.0  # idle: as measured
+    assert starting_pace(jobs=2, cpus=2, load=2.0) == 2.0  # as busy as the build itself
+    assert starting_pace(jobs=1, cpus=4, load=1.0) == 1.0  # spare cores
