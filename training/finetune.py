@@ -71,7 +71,10 @@ class FinetuneArgs:
     out: str = option(None, "output folder", required=True)
     eval: str | None = option(None, "evaluation data, same format; evaluated every epoch")
     tokenizer: str | None = option(None, "tokenizer file or folder (default: --init's)")
-    labels: str | None = option(None, "comma list naming label ids 0, 1, ... in order")
+    labels: str | None = option(
+        None,
+        "comma list naming label ids 0, 1, ... in order; data labelled with names (sport, cooking) needs none: they are read from it, ids in sorted order",
+    )
     epochs: int | None = option(
         None, "passes over the training data (default: 3, more for small data)"
     )
