@@ -67,16 +67,29 @@ def make_package(tmp_path_factory):
     return make
 
 
-def test_ctrl_c_drains_the_service_and_interrupts_make(tmp_path, make_package):
+@pytest.fixture
+def cleanup():
+    """Kill what a failed test leaves running (make's whole session)."""
+    started: list[subprocess.Popen] = []
+    yield started.append
+    for make in started:
+        if make.poll() is None:
+            os.killpg(make.pid, signal.SIGKILL)
+            make.communicate()
+
+
+def test_ctrl_c_drains_the_service_and_interrupts_make(tmp_path, make_package, cleanup):
     make, _ = start(tmp_path, make_package)
+    cleanup(make)
     os.killpg(make.pid, signal.SIGINT)
     out = make.communicate(timeout=60)[0]
     assert make.returncode == -signal.SIGINT, out  # make dies of it: 130 in a shell
     assert "Finished server process" in out and "Traceback" not in out, out
 
 
-def test_sigterm_to_the_service_stops_both_with_status_0(tmp_path, make_package):
+def test_sigterm_to_the_service_stops_both_with_status_0(tmp_path, make_package, cleanup):
     make, _ = start(tmp_path, make_package)
+    cleanup(make)
     os.kill(service_pid(make), signal.SIGTERM)
     out = make.communicate(timeout=60)[0]
     assert make.returncode == 0, out
