@@ -17,7 +17,8 @@ tokenizer has wins, in this order of authority:
    AddedToken dict), what transformers' tokenizer classes read;
 3. config.json's `<role>_token_id` (pad_token_id, bos_token_id, eos_token_id; ModernBERT also
    cls_token_id, sep_token_id);
-4. the usual names ([PAD] / <pad>, [CLS] / <s>, ...), the last resort.
+4. the usual names ([PAD] / <pad>, [CLS] / <s>, ...; RoBERTa's first when the rows start
+   with <s>), the last resort.
 A later file that names another id is reported in `notes`, one line a role, saying which won.
 """
 
@@ -126,8 +127,14 @@ def special_tokens(folder: str | Path | None, tokenizer: Tokenizer) -> SpecialTo
         folder = folder.parent
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     result = SpecialTokens()
-    for role, said in _candidates(folder, tokenizer).items():
-        said = said + [("name", name) for name in NAMES[role]]
+    found = _candidates(folder, tokenizer)
+    # The names follow the row template's family: a tokenizer whose rows start with <s>
+    # (RoBERTa's, MPNet's: whose vocabulary holds BERT's [MASK] too) tries <mask> first.
+    cls_ids = [v for _, v in found["cls"] if isinstance(v, int)]
+    angled = bool(cls_ids) and tokenizer.id_to_token(cls_ids[0]) == "<s>"
+    for role, said in found.items():
+        names = NAMES[role][::-1] if angled else NAMES[role]
+        said = said + [("name", name) for name in names]
         resolved: list[tuple[str, str, int]] = []  # (source, token, id), the usable ones
         for source, value in said:
             if isinstance(value, int):

@@ -52,24 +52,38 @@ class TokenizerError(ValueError):
 # --- building ---------------------------------------------------------------------------
 
 
-def _bert_pipeline(tok: Tokenizer, lowercase: bool, strip_accents: bool | None) -> Tokenizer:
+def _bert_pipeline(
+    tok: Tokenizer,
+    lowercase: bool,
+    strip_accents: bool | None,
+    specials: dict[str, str] | None = None,
+    double_sep: bool = False,
+) -> Tokenizer:
     """BERT's normalizer (clean text, CJK spacing, optional lower-casing / accent stripping,
     where strip_accents=None follows lowercase), whitespace+punctuation pre-tokenizer,
-    `[CLS] A [SEP] B [SEP]` template with segment ids 0 / 1, and the ## decoder."""
+    `[CLS] A [SEP] B [SEP]` template with segment ids 0 / 1, and the ## decoder. specials:
+    the folder's declared `<role>_token`s over BERT's names; double_sep: MPNet's pair
+    `<s> A </s></s> B </s>` (transformers' MPNet tokenizer, its fast converter's types)."""
+    names = {"cls_token": "[CLS]", "sep_token": "[SEP]", "unk_token": "[UNK]"} | (specials or {})
     tok.normalizer = BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
     )
     tok.pre_tokenizer = BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    tok.add_special_tokens([t for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
-    ids = {t: tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[UNK]")}
+    special = dict.fromkeys(
+        t for t in (*SPECIAL_TOKENS, *names.values()) if tok.token_to_id(t) is not None
+    )
+    # <mask> takes the space before it, as transformers declares it for RoBERTa and MPNet
+    tok.add_special_tokens([AddedToken(t, lstrip=t == "<mask>") for t in special])
+    cls, sep = names["cls_token"], names["sep_token"]
+    ids = {t: tok.token_to_id(t) for t in (cls, sep, names["unk_token"])}
     if None in ids.values():
         missing = ", ".join(t for t, i in ids.items() if i is None)
         raise TokenizerError(f"the vocabulary has no {missing}")
     tok.post_processor = TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} {sep} $B:1 {sep}:1" if double_sep else f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
     )
     return tok
 
@@ -123,16 +137,30 @@ def _from_vocab_txt(path: Path, lowercase: bool | None) -> Tokenizer:
         raise TokenizerError(f"{path}: empty vocabulary")
     strip_accents = None
     config_path = path.parent / "tokenizer_config.json"
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-        if lowercase is None:
-            lowercase = config.get("do_lower_case")
-        strip_accents = config.get("strip_accents")
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if lowercase is None:
+        lowercase = config.get("do_lower_case")
+    strip_accents = config.get("strip_accents")
     if lowercase is None:
         lowercase = not _looks_cased(vocab)
-    model = WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+    # A vocab.txt alone says nothing of the row template: the folder's declared tokens do, and
+    # the model type (MPNet's vocab.txt is BERT's with <s> <pad> </s> <unk> in front, and its
+    # rows are <s> a </s></s> b </s>), as transformers picks its tokenizer class.
+    specials = {k: v for k, v in _special_tokens(path.parent).items() if v in vocab}
+    model_json = path.parent / "config.json"
+    model_type = (
+        json.loads(model_json.read_text()).get("model_type") if model_json.is_file() else None
+    )
+    mpnet = str(config.get("tokenizer_class", "")).startswith("MPNet") or model_type == "mpnet"
+    if mpnet:
+        defaults = {"cls_token": "<s>", "sep_token": "</s>", "unk_token": "[UNK]",
+                    "pad_token": "<pad>", "mask_token": "<mask>", "bos_token": "<s>",
+                    "eos_token": "</s>"}  # fmt: skip
+        specials = defaults | specials
+    unk = specials.get("unk_token", "[UNK]")
+    model = WordPiece(vocab, unk_token=unk, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
     try:
-        return _bert_pipeline(Tokenizer(model), bool(lowercase), strip_accents)
+        return _bert_pipeline(Tokenizer(model), bool(lowercase), strip_accents, specials, mpnet)
     except TokenizerError as e:
         raise TokenizerError(f"{path}: {e}") from None
 

@@ -29,6 +29,10 @@ from tests.service.conftest import LiveServer
 from tests.test_readme import curls, parse_answer, parse_curl
 from training.export import export_package
 
+# Downloads 430 MB and exports a 110 M-parameter model: about 1.5 min on 2 idle cores, so CI
+# runs it in its slow stage (make test-slow), not in the unit suite.
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 

@@ -95,7 +95,9 @@ def test_the_padding_block_wins_over_the_pad_token_name(tmp_path):
     [
         (False, True, None, 1, "special_tokens_map.json"),
         (False, False, {"pad_token_id": 1}, 1, "config.json"),
-        (False, False, None, 4, "name"),  # nothing declares it: the last resort
+        # nothing declares it: a name, the last resort; rows that start with <s> try <pad>
+        # first (the vocabulary's BERT [PAD] at 4 is not what such a model pads with)
+        (False, False, None, 1, "name"),
     ],
 )
 def test_each_source_in_its_order(tmp_path, padding, maps, config, pad, source):
@@ -120,14 +122,15 @@ def test_a_declared_token_the_tokenizer_lacks_is_passed_over(tmp_path):
     (folder / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<nope>"}))
     (folder / "config.json").write_text(json.dumps({"pad_token_id": 99999}))
     found = special_tokens(folder, load_tokenizer(folder))
-    assert (found.ids["pad"], found.sources["pad"]) == (4, "name")
+    assert (found.ids["pad"], found.sources["pad"]) == (1, "name")
 
 
 def test_the_mask_token_is_the_declared_one(tmp_path):
     folder, _ = mpnet_like(tmp_path / "m")  # [MASK] is in its vocabulary too, as in MPNet's
     assert mask_token(load_tokenizer(folder), folder) == "<mask>"
     bare, _ = mpnet_like(tmp_path / "bare", maps=False)
-    assert mask_token(load_tokenizer(bare), bare) == "[MASK]"  # by name, BERT's first
+    # by name: <mask> before [MASK], as the rows start with <s>
+    assert mask_token(load_tokenizer(bare), bare) == "<mask>"
 
 
 def test_the_export_pads_with_the_declared_id(tmp_path):

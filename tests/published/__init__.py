@@ -1,0 +1,1 @@
+"""Faithful small copies of published checkpoints' tokenizer and config files (README.md)."""
