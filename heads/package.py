@@ -67,7 +67,9 @@ class ModelPackage:
     variants: dict[str, str]  # {"fp32": "model.onnx", ...}: only the files present
     prefer: dict[str, str]  # {"cpu": variant, "gpu": variant}
     sha256: dict[str, str]  # every file but package.json
-    parity: dict[str, Any]  # per variant: max abs diff vs PyTorch on the export probes
+    # per variant: max abs diff vs PyTorch on the export probes; a lossy variant's answers'
+    # agreement with fp32 on real text under "agreement" (heads.quality, `agreement()`)
+    parity: dict[str, Any]
     source: dict[str, Any]  # checkpoint, arguments, metrics, export time, versions, fusion
     # embedding: a sentence-transformers folder's prompts (name -> text put before each input,
     # /embed `prompt_name`) and the one used when a request names none; older packages: none
@@ -88,6 +90,13 @@ class ModelPackage:
         it); None for a package exported before the export recorded it."""
         pad = self.special_tokens.get("pad")
         return pad["id"] if pad else None
+
+    def agreement(self, variant: str) -> dict[str, Any] | None:
+        """`variant`'s recorded agreement with fp32 ({"kind", "metrics", "gate", "passed",
+        "sample", "choice", ...}, see heads.quality); None when the export measured none."""
+        entry = self.parity.get(variant)
+        record = entry.get("agreement") if isinstance(entry, dict) else None
+        return record if isinstance(record, dict) else None
 
     @property
     def sparse(self) -> bool:
@@ -162,6 +171,8 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         if k != "notes"
     ):
         raise bad("special_tokens must map roles to {token, id, source}")
+    if problem := _agreement_problem(m.get("parity", {})):
+        raise bad(problem)
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
 
@@ -213,6 +224,29 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         clean_up_tokenization_spaces=bool(m.get("clean_up_tokenization_spaces", False)),
         special_tokens=dict(special_tokens),
     )
+
+
+def _agreement_problem(parity: Any) -> str | None:
+    """What is wrong with parity's agreement records (None: nothing): each one, where present,
+    holds numeric metrics and gate and a boolean passed, so that a reader can judge it."""
+    if not isinstance(parity, dict):
+        return "parity must be an object"
+    for variant, entry in parity.items():
+        record = entry.get("agreement") if isinstance(entry, dict) else None
+        if record is None:
+            continue
+        fields = [record.get(k) for k in ("metrics", "gate")] if isinstance(record, dict) else []
+        numbers = [v for d in fields if isinstance(d, dict) for v in d.values()]
+        if not (
+            len(fields) == 2
+            and all(isinstance(d, dict) for d in fields)
+            and all(isinstance(v, int | float) for v in numbers)
+            and isinstance(record.get("passed"), bool)
+        ):
+            return (
+                f"parity.{variant}.agreement must hold numeric metrics and gate and a passed flag"
+            )
+    return None
 
 
 def _load_manifest(manifest_path: Path) -> dict[str, Any]:

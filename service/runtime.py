@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from heads.quality import agreement_problem
+
 if TYPE_CHECKING:
     from heads.package import ModelPackage
     from service.settings import Settings
@@ -159,11 +161,14 @@ def choose_variant(package: ModelPackage, requested: str, kind: str) -> str:
     if requested != "auto":
         if requested in available:
             return requested
+        left_out = package.parity.get(requested)
+        why = left_out.get("reason") if isinstance(left_out, dict) else None
         log.warning(
-            "%s: variant %s not in package (has %s); using its preference",
+            "%s: variant %s not in package (has %s%s); using its preference",
             package.name,
             requested,
             ", ".join(available),
+            f"; the export left it out: {why}" if why else "",
         )
     preferred = package.prefer.get(kind)
     if preferred in available:
@@ -219,6 +224,8 @@ def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend,
             backend = OrtBackend(package.variant_path(variant), [CPU], threads, spinning, *lanes)
     if backend.provider == "cpu" and variant == "fp16":
         log.warning("%s: fp16 on CPU is usually slower than fp32", package.name)
+    if problem := agreement_problem(package.agreement(variant), variant):
+        log.warning("%s: serving %s, but %s", package.name, variant, problem)
     log.info(
         "%s: %s variant on %s%s", package.name, variant, backend.provider,
         f", {backend.lanes} batches at once" if backend.lanes > 1 else "",

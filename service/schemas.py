@@ -46,9 +46,13 @@ def _check_unicode(text: str, where: str = "text") -> str:
 
 
 def _type_name(value: object) -> str:
-    return {dict: "an object", list: "a list", type(None): "null", bool: "a boolean"}.get(
-        type(value), "a number" if isinstance(value, int | float) else type(value).__name__
-    )
+    return {
+        dict: "an object",
+        list: "a list",
+        type(None): "null",
+        bool: "a boolean",
+        str: "a string",
+    }.get(type(value), "a number" if isinstance(value, int | float) else type(value).__name__)
 
 
 def _texts(allow_pairs: bool) -> WrapValidator:
@@ -383,10 +387,36 @@ class TokenizeRequest(_Body):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=0, max_length=MAX_TOKENS)]
 
 
+def _check_token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A list of token ids or a list of such lists, with a message that names the bad item
+    and what a token id is, instead of pydantic's one line per union member."""
+    if not isinstance(value, list):
+        raise PydanticCustomError(
+            "ids", "expected a list of token ids or a list of such lists, got {got}",
+            {"got": _type_name(value)},
+        )  # fmt: skip
+    rows = value if value and all(isinstance(x, list) for x in value) else [value]
+    nested = rows is value
+    for i, row in enumerate(rows):
+        if len(row) > MAX_TOKENS:
+            raise PydanticCustomError(
+                "ids", "{where} holds {n} ids, more than {most}",
+                {"where": f"item {i}" if nested else "the list", "n": len(row), "most": MAX_TOKENS},
+            )  # fmt: skip
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                where = f"item [{i}][{j}]" if nested else f"item {j}"
+                raise PydanticCustomError(
+                    "ids", "{where} is {got}: a token id is an integer of at least 0",
+                    {"where": where, "got": repr(x) if isinstance(x, int) else _type_name(x)},
+                )  # fmt: skip
+    return handler(value)
+
+
 class DecodeRequest(_Body):
-    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
-        description="Token ids, or a list of id lists."
-    )
+    ids: Annotated[
+        TokenIds | Annotated[list[TokenIds], Field(min_length=1)], WrapValidator(_check_token_ids)
+    ] = Field(description="Token ids, or a list of id lists.")
     skip_special_tokens: bool = Field(default=True, description="Leave out [CLS], [PAD]...")
     model: ModelName = None
 
@@ -505,6 +535,24 @@ class Limits(BaseModel):
     request_timeout: float
 
 
+class VariantAgreement(BaseModel):
+    """A lossy variant's answers against fp32's, measured at export on a fixed sample of real
+    text (package.json parity.<variant>.agreement; heads.quality has the gates)."""
+
+    metrics: dict[str, float] = Field(
+        description="e.g. top1_agreement, entity_agreement, span_agreement, cosine_mean / _min."
+    )
+    gate: dict[str, float] = Field(description="The least each gated metric may be.")
+    passed: bool
+    sample: int | None = Field(default=None, description="Inputs in the export's sample.")
+    choice: str | None = Field(
+        default=None, description="The int8 choice written (which nodes stayed fp32)."
+    )
+    written: bool = Field(
+        default=True, description="False: no choice passed, the export wrote no file."
+    )
+
+
 class ModelInfo(BaseModel):
     name: str = Field(description="The name it is served under: its folder's.")
     package_name: str | None = Field(
@@ -541,6 +589,11 @@ class ModelInfo(BaseModel):
     )
     variant: str | None = None
     variants: list[str] | None = None
+    agreement: dict[str, VariantAgreement] | None = Field(
+        default=None,
+        description="Per lossy variant the export measured: its agreement with fp32. int8 "
+        "served with none recorded, or below its gate, is logged as a warning at load.",
+    )
     provider: str | None = None
     warmup_seconds: float | None = None
     endpoints: list[str] | None = Field(

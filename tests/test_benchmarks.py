@@ -5,6 +5,7 @@ threads. Nothing here asserts speed: the figures are the benchmark's to report."
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -231,3 +232,17 @@ def test_the_lanes_probe_times_one_lane_two_at_once_and_one_wide_session(tmp_pat
         [line] = [x for x in out.splitlines() if x.startswith(f"batch {batch}:")]
         figures = [float(x) for x in re.findall(r"(\d+\.\d+)", line)]
         assert len(figures) == 4 and all(f > 0 for f in figures), line
+
+
+def test_the_int8_gate_table_compares_before_and_after_on_a_checkpoint(tmp_path):
+    from benchmarks import int8_gate
+
+    build_tiny_package(tmp_path / "unused", "classification", checkpoint_dir=tmp_path / "ckpt")
+    argv = ["--packages", "--checkpoint", f"tiny=classification:{tmp_path / 'ckpt'}",
+            "--rounds", "1", "--work", str(tmp_path / "work"), "--results", str(tmp_path)]  # fmt: skip
+    assert int8_gate.main(argv) == 0
+    row = json.loads((tmp_path / "int8_gate.json").read_text())["packages"]["tiny"]
+    assert row["gate"] == {"top1_agreement": 0.99} and row["sample"]["inputs"] > 200
+    assert set(row["agreement"]) == {"before", "after"}
+    assert set(row["speed"]) == {"fp32", "before", "after"}
+    assert "| tiny | top1_agreement >= 0.99 |" in (tmp_path / "int8_gate.md").read_text()

@@ -33,7 +33,10 @@ What happens, in order (each step prints its time):
    two segments). fp32 must agree within 1e-4 (max abs) or the export fails.
 4. Optional variants, compared with the same PyTorch outputs and recorded, never fatal:
    int8  dynamic quantisation of the fp32 graph: int8 weights (per channel, 7-bit range),
-         activations quantised per batch at run time. CPU only. See INT8_OPS for the choices.
+         activations quantised per batch at run time. CPU only. Written only if its answers
+         agree with fp32's on a fixed sample of real text (training.quantize: the choices it
+         tries, heads.quality: each task's gate); else no int8 file, and package.json
+         parity.int8 says why.
    fp16  half-precision weights and activations, fp32 inputs and outputs kept, for the GPU.
          If CPU ORT cannot run a kernel, parity is recorded as not measured instead.
 
@@ -51,7 +54,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import logging
 import shutil
 import sys
 import tempfile
@@ -81,7 +83,9 @@ from heads.contract import (
     VARIANT_FILES,
 )
 from heads.package import ModelPackage, write_package
+from heads.quality import gate_kind
 from heads.rows import pad, prepare_tokenizer, row, template
+from training import quantize
 from training.checkpoint import (
     CheckpointError,
     check_vocabulary,
@@ -119,15 +123,6 @@ FUSED_OPS = (  # what ORT's BERT optimizer can produce; counted in package.json 
     "EmbedLayerNormalization", "Attention", "MultiHeadAttention", "SkipLayerNormalization",
     "LayerNormalization", "BiasGelu", "FastGelu", "Gelu",
 )  # fmt: skip
-# int8, measured on all-MiniLM-L6-v2 (SST-2 sentences, cosine to fp32) and BERT-base shapes,
-# ORT 1.31 on AVX-512 VNNI, one thread. QInt8 weights (u8s8 kernels) ran 1.9x faster than fp32,
-# QUInt8 1.3x. Per-channel weight scales cost no speed and lift the worst of 64 sentences from
-# 0.94 to 0.98.
-# reduce_range (7-bit weights) keeps u8s8 products from saturating int16 on x86 CPUs without
-# VNNI (ORT's quantization guide), so the file behaves the same on whatever CPU serves it; on
-# VNNI it moved the mean cosine by 0.001. EmbedLayerNormalization / Gather are quantised too:
-# no accuracy cost measured, and the file shrinks to 1/4 of fp32 instead of 2/3.
-INT8_OPS = ["MatMul", "Attention", "EmbedLayerNormalization", "Gather"]
 
 
 class ExportError(Exception):
@@ -381,32 +376,42 @@ def split_skip_layer_norm(model: onnx.ModelProto) -> int:
     return split
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # It logs "consider pre-processing" on the root logger; the fusion step already did that.
-    with _quiet_root_logger():
-        quantize_dynamic(
-            src,
-            dst,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            reduce_range=True,
-            op_types_to_quantize=INT8_OPS,
-            # Outputs of fused contrib ops have no inferred type; they are all float here.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-
-
-@contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+def int8_gated(
+    head: ExportHead,
+    out: Path,
+    tok: Tokenizer,
+    pad_id: int,
+    max_seq_length: int,
+    mask: str | None,
+    verbose: bool,
+) -> dict[str, Any]:
+    """Write out/model.int8.onnx from out/model.onnx if an int8 choice passes the head's gate
+    (training.quantize). Returns parity.int8: {"agreement": the gate's record}, and
+    "written": false with the reason when no file was written."""
+    task, model = head.task, head.model
+    sparse = task == "embedding" and head.pooling in SPARSE_POOLINGS
+    labels = task_metadata(model, task, None, None)[0]
     try:
-        yield
-    finally:
-        root.setLevel(level)
+        sample = quantize.build_sample(
+            task, tok, max_seq_length, labels=labels, sparse_pooling=sparse, mask_token=mask
+        )
+    except FileNotFoundError as e:  # nothing to measure with: no unmeasured int8 either
+        log(f"int8 NOT written: {e}", verbose)
+        return {"written": False, "reason": f"not measured: {e}"}
+    kind = gate_kind(task, sparse, getattr(model, "num_labels", None))
+    record = quantize.int8_with_gate(
+        out / FILES["fp32"], out / FILES["int8"], sample, kind, pad_id,
+        log=lambda line: log(line, verbose),
+    )  # fmt: skip
+    if not record["passed"]:
+        log(f"int8 NOT written: {record['reason']}", verbose)
+        return {"written": False, "reason": record["reason"], "agreement": record}
+    log(f"int8 written: {record['choice']['name']} ({_agreement_line(record)})", verbose)
+    return {"agreement": record}
+
+
+def _agreement_line(record: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {record['metrics'][k]:.4f} >= {v:g}" for k, v in record["gate"].items())
 
 
 def convert_fp16(src: Path, dst: Path) -> None:
@@ -587,8 +592,9 @@ def export_package(
     try:
         with export_mode(head):
             probes, graph, fusion, parity = build_graphs(
-                head, staging, tok, pad_id, max_seq_length, variants, opset, verbose
-            )
+                head, staging, tok, pad_id, max_seq_length, variants, opset, verbose,
+                mask=fill_mask.get("mask_token"),
+            )  # fmt: skip
         tok = Tokenizer.from_str(tok.to_str())  # a copy: the caller's keeps its settings
         tok.no_padding()  # the service pads per batch and windows long inputs itself
         tok.no_truncation()
@@ -610,7 +616,8 @@ def export_package(
                 for n in graph_inputs(staging / FILES["fp32"])
             ],
             "outputs": output_specs(task, model, hidden_states),
-            "variants": {v: FILES[v] for v in variants},
+            # a variant whose file was not written (int8 below its gate) is not listed
+            "variants": {v: FILES[v] for v in variants if (staging / FILES[v]).is_file()},
             "prefer": {"cpu": "fp32", "gpu": "fp16" if "fp16" in variants else "fp32"},
             "parity": {
                 "reference": "PyTorch fp32, same weights, eval mode",
@@ -657,9 +664,11 @@ def build_graphs(
     variants: list[str],
     opset: int,
     verbose: bool,
+    mask: str | None = None,
 ) -> tuple[list[list[int]], str, dict[str, Any], dict[str, Any]]:
-    """Write every variant's graph into `out`. Returns (probe shapes, fp32 graph kind, fusion
-    record, parity per variant)."""
+    """Write every variant's graph into `out` (int8 only if it passes its gate; `mask`: the
+    fill-mask token its sample blanks words with). Returns (probe shapes, fp32 graph kind,
+    fusion record, parity per variant)."""
     config = head.model.config
     batches = probe_batches(tok, pad_id, max_seq_length)
     refs = torch_outputs(head, batches)
@@ -672,9 +681,10 @@ def build_graphs(
         )
         parity: dict[str, Any] = {"fp32": fp32_parity}
         if "int8" in variants:  # CPU only: from the CPU's graph
-            with timed("int8 dynamic quantisation", verbose):
-                quantize_int8(out / FILES["fp32"], out / FILES["int8"])
-            parity["int8"] = compare(out / FILES["int8"], batches, refs, head.task)
+            with timed("int8 with its quality gate", verbose):
+                parity["int8"] = int8_gated(head, out, tok, pad_id, max_seq_length, mask, verbose)
+            if (out / FILES["int8"]).is_file():
+                parity["int8"] |= compare(out / FILES["int8"], batches, refs, head.task)
         if "fp16" in variants:  # the GPU's: from the graph with every fused node
             with timed("fp16 conversion", verbose):
                 convert_fp16(gpu_graph, out / FILES["fp16"])
@@ -683,8 +693,9 @@ def build_graphs(
             except Exception as e:  # CPU ORT may lack an fp16 kernel; the GPU is its target
                 reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                 parity["fp16"] = {"measured": False, "reason": f"CPU ORT: {reason}"}
-    for variant, p in parity.items():
-        log(f"parity {variant} vs PyTorch: {json.dumps(p)}", verbose)
+    for variant, p in parity.items():  # the int8 gate's record had its own lines
+        shown = {k: v for k, v in p.items() if k != "agreement"}
+        log(f"parity {variant} vs PyTorch: {json.dumps(shown)}", verbose)
     return [list(b["input_ids"].shape) for b in batches], graph, fusion, parity
 
 

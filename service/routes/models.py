@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from heads.package import ModelPackage
 from heads.rows import InvalidInput
 from heads.tasks import embed
 from service.errors import Forbidden, InputError, ServiceError
@@ -13,7 +14,7 @@ from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOI
 from service.registry import Entry
 from service.routes.answers import ERRORS
 from service.routes.deps import ApiKey, RegistryDep, require_bearer
-from service.schemas import Limits, ModelInfo, ModelsResponse
+from service.schemas import Limits, ModelInfo, ModelsResponse, VariantAgreement
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
 control = APIRouter(tags=["model control"])
@@ -49,6 +50,7 @@ def describe(entry: Entry) -> ModelInfo:
             "special_tokens": p.special_tokens or None,
             "variant": entry.model.variant,
             "variants": sorted(p.variants),
+            "agreement": agreements(p),
             "provider": entry.model.backend.provider,
             "warmup_seconds": round(entry.model.warmup_seconds, 4),
             "endpoints": [
@@ -57,6 +59,24 @@ def describe(entry: Entry) -> ModelInfo:
             ],
         }
     )
+
+
+def agreements(package: ModelPackage) -> dict[str, VariantAgreement] | None:
+    """Each variant's recorded agreement with fp32, int8 left out by the export included."""
+    out = {}
+    for variant, entry in package.parity.items():
+        record = package.agreement(variant)
+        if record is None:
+            continue
+        out[variant] = VariantAgreement(
+            metrics=record["metrics"],
+            gate=record["gate"],
+            passed=record["passed"],
+            sample=(record.get("sample") or {}).get("inputs"),
+            choice=(record.get("choice") or {}).get("name"),
+            written=entry.get("written", True) and variant in package.variants,
+        )
+    return out or None
 
 
 @router.get("/models", response_model=ModelsResponse, responses={401: ERRORS[401]})

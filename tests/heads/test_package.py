@@ -127,7 +127,25 @@ def test_missing_field_is_refused(package: Path, field: str) -> None:
         ({"max_seq_length": 0}, "max_seq_length 0"),
         ({"prefer": "fp32"}, "prefer must be an object"),
         ({"outputs": "logits"}, "outputs must be a list"),
-    ],
+        (
+            {
+                "parity": {
+                    "int8": {
+                        "agreement": {
+                            "metrics": {"top1_agreement": "high"},
+                            "gate": {},
+                            "passed": True,
+                        }
+                    }
+                }
+            },
+            r"parity\.int8\.agreement must hold numeric metrics",
+        ),
+        (
+            {"parity": {"int8": {"agreement": {"metrics": {}, "gate": {}}}}},
+            r"parity\.int8\.agreement must hold .* a passed flag",
+        ),
+    ],  # fmt: skip
 )
 def test_inconsistent_manifest_is_refused(package: Path, changes: dict, reason: str) -> None:
     edit_manifest(package, **changes)
@@ -174,6 +192,15 @@ def test_embedding_package_needs_pooling(tmp_path: Path) -> None:
         write_package(out, embedding)
     pkg = write_package(out, {**embedding, "pooling": "mean"})
     assert (pkg.pooling, pkg.normalize, pkg.labels, pkg.problem_type) == ("mean", True, None, None)
+
+
+def test_a_variants_agreement_with_fp32_is_read_back(package: Path) -> None:
+    record = {"kind": "classification", "metrics": {"top1_agreement": 1.0},
+              "gate": {"top1_agreement": 0.99}, "passed": True, "sample": {"inputs": 238}}  # fmt: skip
+    edit_manifest(package, parity={"fp32": {}, "int8": {"max_abs_diff": {}, "agreement": record}})
+    pkg = read_package(package)
+    assert pkg.agreement("int8") == record
+    assert pkg.agreement("fp32") is None and pkg.agreement("fp16") is None
 
 
 def test_find_packages(tmp_path: Path, package: Path) -> None:

@@ -4,12 +4,16 @@ its answer, a list gets a list (/embed always a list of vectors)."""
 from __future__ import annotations
 
 import base64
+import json
+import logging
+import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from benchmarks.tiny import DEFAULT_LABELS
+from benchmarks.tiny import DEFAULT_LABELS, WORDS
 from service.settings import Settings
 from tests.service.conftest import Service, metric, serve
 
@@ -41,14 +45,28 @@ async def test_classify_single_and_batch(shared: Service) -> None:
 
 
 async def test_classify_pairs_and_sigmoid(shared: Service) -> None:
-    r = await shared.client.post(
-        "/classify",
-        json={"inputs": [["a cat sat", "a dog sat"]], "function_to_apply": "sigmoid", "top_k": 2},
+    pair = [["a cat sat", "a dog sat"]]
+
+    async def scores(function: str) -> dict[str, float]:
+        body = {"inputs": pair, "function_to_apply": function, "top_k": 2}
+        r = await shared.client.post("/classify", json=body)
+        assert r.status_code == 200, r.text
+        [result] = r.json()
+        assert_labels(result, 2)
+        return {x["label"]: x["score"] for x in result}
+
+    logits = await scores("none")
+    sigmoid = await scores("sigmoid")
+    # each label's own sigmoid of its logit, not a softmax over both (whose scores add to 1)
+    assert sigmoid == pytest.approx({k: 1 / (1 + np.exp(-v)) for k, v in logits.items()}, abs=1e-9)
+    assert sum(sigmoid.values()) != pytest.approx(1.0, abs=1e-3)
+    softmax = await scores("softmax")
+    assert softmax["positive"] == pytest.approx(
+        1 / (1 + np.exp(logits["negative"] - logits["positive"])), abs=1e-9
     )
-    assert r.status_code == 200, r.text
-    [result] = r.json()
-    assert_labels(result, 2)
-    assert all(0 < x["score"] < 1 for x in result)
+    # and the pair is read as a pair: its answer is neither text's alone
+    alone = (await shared.client.post("/classify", json={"inputs": "a cat sat"})).json()
+    assert alone[0]["score"] != pytest.approx(max(softmax.values()), abs=1e-4)
 
 
 async def test_ner_single_and_batch(shared: Service) -> None:
@@ -105,16 +123,28 @@ async def test_qa_single_batch_and_top_k(shared: Service) -> None:
     assert len(top) == 3 and top[0] == single
 
 
-async def test_qa_long_context_is_windowed(service: Service) -> None:
-    context = " ".join(["mary works in new york city."] * 40)
-    r = await service.client.post(
-        "/qa", json={"question": QUESTION, "context": context, "max_seq_len": 999}
-    )
+async def test_qa_long_context_is_windowed(service: Service, standin_checkpoint: Any) -> None:
+    """A context of ~10 windows: the answers are the question-answering pipeline's on the same
+    model, over the same windows (the package's 64 tokens, the default stride of 32)."""
+    from transformers import pipeline
+
+    rng = random.Random(5)
+    context = " ".join(rng.choices(WORDS, k=300))
+    body = {"question": QUESTION, "context": context, "max_seq_len": 999, "top_k": 3}
+    r = await service.client.post("/qa", json=body)
     assert r.status_code == 200, r.text
     assert (
         'inputs_windowed_total{model="squad",task="question-answering"} 1.0'
         in await service.metrics()
     )
+    pipe = pipeline("question-answering", model=str(standin_checkpoint("question-answering")))
+    theirs = pipe(question=QUESTION, context=context, top_k=3, max_seq_len=64, doc_stride=32)
+    ours = r.json()
+    assert [(a["start"], a["end"], a["answer"]) for a in ours] == [
+        (a["start"], a["end"], a["answer"]) for a in theirs
+    ]
+    assert [a["score"] for a in ours] == pytest.approx([a["score"] for a in theirs], abs=1e-5)
+    assert max(a["start"] for a in ours) > len(context) // 4  # not all from the first window
 
 
 async def test_embed_single_and_batch(shared: Service) -> None:
@@ -175,6 +205,28 @@ async def test_model_selects_among_packages_of_a_task(tmp_path: Path, make_packa
         assert (
             await s.client.post("/classify", json={"inputs": TEXT, "model": "second"})
         ).status_code == 200
+
+
+async def test_models_shows_each_lossy_variants_agreement_with_fp32(
+    tmp_path: Path, make_package, caplog
+) -> None:
+    folder = make_package(tmp_path, "classification", "sst2")
+    recorded = json.loads((folder / "package.json").read_text())["parity"]["int8"]["agreement"]
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        async with serve(Settings(model_dir=tmp_path, variant="int8")) as s:
+            [info] = (await s.client.get("/models")).json()["models"]
+    assert info["variant"] == "int8" and set(info["agreement"]) == {"int8"}
+    shown = info["agreement"]["int8"]
+    assert shown["metrics"] == recorded["metrics"] and shown["gate"] == recorded["gate"]
+    assert shown["passed"] and shown["written"] and shown["sample"] == recorded["sample"]["inputs"]
+    assert shown["choice"] == recorded["choice"]["name"]
+    # the stand-in was exported under a lenient gate (conftest.standin_int8_gate); the server
+    # holds it to the real one and says so
+    top1 = recorded["metrics"]["top1_agreement"]
+    assert (
+        f"sst2: serving int8, but int8 agrees with fp32 below its gate (top1_agreement {top1:.4g} < 0.99)"
+        in caplog.text
+    )
 
 
 async def test_variant_setting_overrides_the_package_preference(

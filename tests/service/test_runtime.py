@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
-from heads.package import read_package
+from heads.package import read_package, write_package
 from heads.rows import Sequence, pad
 from service import runtime
 from service.runtime import choose_variant, open_backend, warm_up
@@ -34,6 +37,60 @@ def test_choose_variant(package) -> None:
     assert choose_variant(package, "auto", "gpu") == "int8"
     assert choose_variant(package, "int8", "cpu") == "int8"
     assert choose_variant(package, "fp16", "cpu") == "fp32"  # not in the package: its preference
+
+
+def int8_package(folder: Path, make_package: Callable[..., Path], **agreement: Any) -> Any:
+    """The classification stand-in whose package.json's int8 agreement is changed by
+    `agreement` (a field set to None is removed; agreement=None removes the record)."""
+    path = make_package(folder, "classification")
+    manifest = json.loads((path / "package.json").read_text())
+    int8 = manifest["parity"]["int8"]
+    if agreement.pop("record", True) is None:
+        del int8["agreement"]
+    int8.get("agreement", {}).update(agreement)
+    write_package(path, {k: v for k, v in manifest.items() if k not in ("sha256", "format")})
+    return read_package(path)
+
+
+def test_int8_below_its_gate_or_unmeasured_is_served_with_a_warning(
+    tmp_path: Path, make_package: Callable[..., Path], caplog
+) -> None:
+    settings = Settings(device="cpu", variant="int8", intra_op_threads=1)
+    cases = {
+        "passed": ({"metrics": {"top1_agreement": 1.0}}, None),
+        "below": ({"metrics": {"top1_agreement": 0.9}}, "top1_agreement 0.9 < 0.99"),
+        "older": ({"record": None}, "no recorded agreement with fp32"),
+    }
+    for name, (agreement, warning) in cases.items():
+        package = int8_package(tmp_path / name, make_package, **agreement)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="service.runtime"):
+            _, variant = open_backend(package, settings)
+        assert variant == "int8"
+        if warning is None:
+            assert not caplog.records, name
+        else:
+            assert "sst2: serving int8, but int8 " in caplog.text and warning in caplog.text, name
+    # the recorded gate is not the last word: this code's own gate for the task applies too
+    lenient = int8_package(
+        tmp_path / "lenient", make_package,
+        gate={"top1_agreement": 0.5}, metrics={"top1_agreement": 0.9}, passed=True,
+    )  # fmt: skip
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        open_backend(lenient, settings)
+    assert "top1_agreement 0.9 < 0.99" in caplog.text
+
+
+def test_an_int8_the_export_left_out_says_why(tmp_path: Path, make_package, caplog) -> None:
+    path = make_package(tmp_path, "classification", variants={"fp32": "model.onnx"})
+    manifest = json.loads((path / "package.json").read_text())
+    manifest["parity"]["int8"] = {"written": False, "reason": "no int8 choice met the gate"}
+    (path / "model.int8.onnx").unlink()
+    write_package(path, {k: v for k, v in manifest.items() if k not in ("sha256", "format")})
+    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+        assert choose_variant(read_package(path), "int8", "cpu") == "fp32"
+    assert "the export left it out: no int8 choice met the gate" in caplog.text
 
 
 def test_cpu_session_runs_and_says_so(package) -> None:
