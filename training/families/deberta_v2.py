@@ -69,6 +69,12 @@ class RelativePositions(nn.Module):
             distance = self._log_bucket(distance)
         return distance
 
+    def reach(self, T: int) -> Tensor:
+        """The largest |distance| among T tokens (T - 1, bucketed or not), a 0-dim int64 on
+        the CPU: sizes computed from it cost a GPU no synchronisation."""
+        farthest = torch.arange(T, dtype=torch.long)[-1]
+        return self._log_bucket(farthest) if self.bucketed else farthest
+
     def _log_bucket(self, distance: Tensor) -> Tensor:
         """Near distances (|r| <= mid) stay exact; far ones map to
         mid + ceil(log(|r| / mid) / log((max - 1) / mid) * (mid - 1)), with r's sign: the
@@ -160,7 +166,8 @@ class DisentangledSelfAttention(nn.Module):
         # projections; otherwise each term has its own projection.
         self.share_att_key = getattr(config, "share_att_key", False)
         if self.relative_attention:
-            self.span = _relative_span(config)[0]
+            self.span, max_relative, buckets = _relative_span(config)
+            self.distances = RelativePositions(max_relative, buckets)  # (no parameters)
             self.pos_dropout = nn.Dropout(config.hidden_dropout_prob)
             if not self.share_att_key:
                 if self.c2p:
@@ -211,22 +218,29 @@ class DisentangledSelfAttention(nn.Module):
         its (B, nh, T, T) shape so the gather indices expand to the actual run-time sizes."""
         rel_embeddings = self.pos_dropout(rel_embeddings)
         span = self.span
+        # Only the rows T's distances reach are scored, 2 reach + 1 (R) of the 2 span, each
+        # clamped into the table as the indices were: the others are never gathered, and
+        # scoring them was most of what DeBERTa cost over BERT on CPU (v3's 256 buckets: 512
+        # rows, of which T = 32 reaches 63; benchmarks/README.md, issue 46).
+        reach = self.distances.reach(relative.size(0))
+        offsets = torch.arange(-reach, reach + 1).to(relative.device)
+        rows = torch.clamp(offsets + span, 0, 2 * span - 1)  # (R,)
         terms = []
         if self.c2p:
             proj = self.key_proj if self.share_att_key else self.pos_key_proj
-            pos_key = self._heads(proj(rel_embeddings))  # (nh, S, d)
-            # Query i against every distance row, then pick column span + r for key j.
-            by_distance = query @ pos_key.transpose(-1, -2)  # (B, nh, T, S)
-            index = torch.clamp(relative + span, 0, 2 * span - 1)
+            pos_key = self._heads(proj(rel_embeddings)).index_select(-2, rows)  # (nh, R, d)
+            # Query i against every distance row, then pick column reach + r for key j.
+            by_distance = query @ pos_key.transpose(-1, -2)  # (B, nh, T, R)
+            index = relative + reach
             terms.append(torch.gather(by_distance, -1, index.expand_as(scores)))
         if self.p2c:
             proj = self.query_proj if self.share_att_key else self.pos_query_proj
-            pos_query = self._heads(proj(rel_embeddings))  # (nh, S, d)
-            # Key j against every distance row. Gathering row j at column span - relative[j, i]
-            # = span + r (distances are odd: relative[j, i] = -r) gives p2c[i, j] at [j, i];
+            pos_query = self._heads(proj(rel_embeddings)).index_select(-2, rows)  # (nh, R, d)
+            # Key j against every distance row. Gathering row j at column reach - relative[j, i]
+            # = reach + r (distances are odd: relative[j, i] = -r) gives p2c[i, j] at [j, i];
             # the transpose puts the queries back on the rows.
-            by_distance = key @ pos_query.transpose(-1, -2)  # (B, nh, T, S)
-            index = torch.clamp(span - relative, 0, 2 * span - 1)
+            by_distance = key @ pos_query.transpose(-1, -2)  # (B, nh, T, R)
+            index = reach - relative
             terms.append(torch.gather(by_distance, -1, index.expand_as(scores)).transpose(-1, -2))
         # Summed from the first term, not from zeros: the ONNX exporter folds a zeros_like
         # into a constant of the traced shape, which breaks other batch sizes and lengths.
