@@ -1,5 +1,6 @@
 # Everyday commands. `make serve` and `make test` are the README's two commands; CI runs
-# `make test`, `make test-fresh`, `make audit` and then `make test-e2e` (.ci/run).
+# `make test`, `make test-fresh`, `make audit`, `make test-slow` and then `make test-e2e`
+# (.ci/run). `make mutate` measures the suite (mutation score), not part of CI: ~1-2 h.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ PORT ?= 8080
 # filter reaches the build backend's own process through the environment.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
-.PHONY: help install install-dev test test-fresh test-slow test-e2e audit lock lint format typecheck models models-tasks serve clean docker-check docker-up docker-down
+.PHONY: help install install-dev test test-fresh test-slow test-e2e mutate audit lock lint format typecheck models models-tasks serve clean docker-check docker-up docker-down
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,19 +43,26 @@ test-fresh: install-dev  ## the unit suite with ../shared hidden (what a user's 
 	rm -rf build/no-shared-data && mkdir -p build/no-shared-data
 	BERT_HEADS_TEST_DATA=$(CURDIR)/build/no-shared-data $(BIN)/python -m pytest -q -p no:cacheprovider
 
-test-slow: install-dev  ## the slow-marked tests (real models end to end)
-	$(BIN)/python -m pytest -q -m slow
+test-slow: install-dev  ## the slow-marked tests: the README's training commands, MiniLM end to end, a soak (CI runs it)
+	$(BIN)/python -m pytest -q -m slow -p no:cacheprovider
+
+# Deliberate defects in the modules where answers are made, each run against the tests that
+# reach it as `make test-fresh` runs them: benchmarks/results/mutation.md lists the score per
+# module and every surviving mutant. MUTATE="ner qa" for some modules only.
+mutate: install-dev  ## mutation score of the suite (mutmut; ~1-2 h on 2 cores): benchmarks/results/mutation.md
+	$(BIN)/python -m benchmarks.mutate $(if $(MUTATE),--only $(MUTATE))
 
 models: install-dev  ## build the default model repository into ./models (MiniLM + demo heads)
-	@echo "[models] the default models in $(MODELS)/: building the missing ones (first time: about 2-4 min)"
+	@echo "[models] the default models in $(MODELS)/: building the missing ones, if any"
 	$(BIN)/python -m demo.models --out $(MODELS)
 
 models-tasks: install-dev  ## also build the task demos: a reranker and an NLI model for zero-shot (about 3-4 min)
 	@echo "[models] the task demos in $(MODELS)/ (demo-reranker, demo-nli): building the missing ones"
 	$(BIN)/python -m demo.models --out $(MODELS) --tasks
 
-# Ctrl-C (or SIGTERM to the service's process) drains and exits 0, and make with it; a SIGTERM
-# sent to make itself is reported by make as "Terminated" (README, "Two commands").
+# Ctrl-C drains the service, which exits 0; make gets the terminal's SIGINT too and dies of it
+# (status 130), as any interrupted make does. A SIGTERM to the service's process: both exit 0
+# (README, "Two commands"; tests/test_serve_signals.py).
 serve: install-dev models  ## install, build the default models if missing, serve on 127.0.0.1:8080
 	@echo "[serve] starting on 127.0.0.1:$(PORT) (ready when /ready answers 200; Ctrl-C stops it)"
 	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)

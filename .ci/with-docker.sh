@@ -4,7 +4,9 @@
 # - Docker already running: runs CMD.
 # - No Docker, root, and ../shared/scripts/docker-offline-setup.sh present (machines that reach
 #   package indexes but no container registry): sets Docker up, runs CMD, tears Docker down.
-# - Otherwise runs CMD anyway; the docker-marked tests then skip and say why.
+# - Otherwise, under CI (CI set, as CI sets it): fails, since a docker stage that skips its
+#   tests would pass without testing anything. Elsewhere (a user's run) runs CMD anyway; the
+#   docker-marked tests then skip and say why.
 # A daemon without Compose v2 stops here with one line: the tests would otherwise fail deep
 # inside (`docker: unknown command: docker compose`).
 set -uo pipefail
@@ -29,6 +31,10 @@ if [ "$(id -u)" = 0 ] && [ -x "$setup" ]; then
   need_compose || exit 1
   "$@"
   exit $?
+fi
+if [ -n "${CI:-}" ]; then
+  echo "== docker: not available and cannot be set up here (CI=$CI): the docker stage fails rather than skip" >&2
+  exit 1
 fi
 echo "== docker: not available and cannot be set up here; docker tests will skip"
 "$@"

@@ -7,6 +7,10 @@
 The model is a random BERT (hidden 32, 2 layers, 4 heads, FFN 37) over a small uncased
 WordPiece vocabulary built here from the words below, so no test needs ../shared. Its outputs
 are meaningless but deterministic for a seed; what the tests check is plumbing and parity.
+At BERT's initializer_range 0.02 it scores every input alike (64 sentences within 2e-5 of each
+other); tests that compare answers across requests build it with `initializer_range=0.3`
+(STANDIN_RANGE), whose answers differ by input (64 varied sentences: scores 0.13-0.89, no two
+within 4e-4), so a swapped answer shows.
 Packages are cached per argument set for the session and copied, so a second call is cheap.
 """
 
@@ -66,6 +70,8 @@ DEFAULT_LABELS = {
         "I-MISC",
     ],
 }
+# The stand-in for answers that must tell requests apart (see the module docstring).
+STANDIN_RANGE = 0.3
 HF_PROBLEM_TYPES = {
     "single_label": "single_label_classification",
     "multi_label": "multi_label_classification",
@@ -103,8 +109,10 @@ def tiny_model(
     pooling: str = "mean",
     normalize: bool = True,
     vocab_size: int | None = None,
+    initializer_range: float = 0.02,
 ) -> torch.nn.Module:
     config = BertConfig(
+        initializer_range=initializer_range,
         vocab_size=vocab_size or len(tiny_vocabulary()),
         hidden_size=32,
         num_hidden_layers=2,
@@ -136,10 +144,12 @@ def build_tiny_package(
     name: str | None = None,
     checkpoint_dir: Path | None = None,
     hidden_states: bool = False,
+    initializer_range: float = 0.02,
 ) -> ModelPackage:
     """Export a tiny random model of `task` into `out_dir` and return the package read back.
     problem_type uses the package's names (single_label, multi_label, regression);
-    hidden_states: every layer's pooled states too (embedding)."""
+    hidden_states: every layer's pooled states too (embedding); initializer_range: the
+    weights' spread (STANDIN_RANGE for answers that differ by input)."""
     out_dir = Path(out_dir)
     if labels is None and task in DEFAULT_LABELS:
         labels = ["score"] if problem_type == "regression" else DEFAULT_LABELS[task]
@@ -147,11 +157,20 @@ def build_tiny_package(
     spec = (task, labels, seed, max_seq_length, problem_type, pooling, normalize)
 
     def model() -> torch.nn.Module:
-        return tiny_model(*spec, vocab_size=tok.get_vocab_size())
+        return tiny_model(
+            *spec, vocab_size=tok.get_vocab_size(), initializer_range=initializer_range
+        )
 
     name = name or out_dir.name
     key = repr(
-        (spec, tuple(variants), name, tokenizer.to_str() if tokenizer else None, hidden_states)
+        (
+            spec,
+            tuple(variants),
+            name,
+            tokenizer.to_str() if tokenizer else None,
+            hidden_states,
+            initializer_range,
+        )  # fmt: skip
     )
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     if key not in _cache:

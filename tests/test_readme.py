@@ -237,8 +237,12 @@ def check(actual: Any, expected: Any, where: str = "$", key: str | None = None) 
     elif isinstance(expected, list):
         assert isinstance(actual, list), f"{where}: expected a list, got {actual!r:.80}"
         items = [e for e in expected if e != ANY]
-        # How many entities NER finds is the model's business, not the README's claim.
-        entities = any(isinstance(e, dict) and "entity_group" in e for e in items)
+        # How many entities NER finds, or how many vocabulary entries a sparse vector has, is
+        # the model's business, not the README's claim (the stand-ins are random).
+        entities = any(
+            isinstance(e, dict) and ("entity_group" in e or {"index", "value"} <= e.keys())
+            for e in items
+        )
         if ANY in expected or entities:  # at least one item; those shown are checked
             assert actual, f"{where}: expected at least one item"
             for n, (a, e) in enumerate(zip(actual, items, strict=False)):
@@ -336,7 +340,8 @@ SPARSE_STAND_INS = ("splade",)  # /embed_sparse's: a masked LM exported with --p
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
     get 4 layers and --hidden-states, for the README's feature-based example."""
-    packages = pytest.importorskip("benchmarks.tiny")
+    pytest.importorskip("torch")
+    from benchmarks import tiny as packages
     from training.config import BertConfig
     from training.export import export_package
     from training.model import HEADS
@@ -581,6 +586,7 @@ def test_training_commands_use_the_shipped_samples():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 13 min on 2 busy cores; the suite's default is 600 s
 def test_readme_training_commands_run(minilm_path, tmp_path):
     """In order, as written (OVERRIDES aside), from a fresh folder holding examples/ and the
     family checkpoints the README names: each command's outputs feed the next

@@ -3,7 +3,9 @@ behind an httpx client, and a real uvicorn server on a free loopback port.
 
 Packages come from `make_package` alone, which wraps benchmarks.tiny: a tiny random-weight
 encoder exported by the real training.export with a toy vocabulary, so these tests need neither
-../shared nor a download. Each task is exported once per session and copied per test.
+../shared nor a download. Its weights are drawn wide (benchmarks.tiny.STANDIN_RANGE), so that
+different inputs get clearly different answers. Each task is exported once per session and
+copied per test.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,21 +49,67 @@ def make_package(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
 
     `manifest` overrides package.json fields (sha256 is recomputed), e.g. prefer={...}.
     """
-    packages = pytest.importorskip("benchmarks.tiny")  # needs torch: dev installs only
+    pytest.importorskip("torch")  # the exporter's: dev installs only
+    # Our own module, imported plainly: an error in it (or in training.export) fails the tests
+    # that need it instead of skipping them.
+    from benchmarks import tiny
 
     def make(tmp_dir: Path, task: str, name: str | None = None, **manifest: Any) -> Path:
         out = Path(tmp_dir) / (name or NAMES[task])
-        variants = ("fp32", "int8") if task == "classification" else ("fp32",)
         # The same export for every name (benchmarks.tiny caches it): renaming only rewrites
-        # package.json.
-        packages.build_tiny_package(
-            out, task, name=NAMES[task], max_seq_length=MAX_SEQ_LENGTH, variants=variants
-        )
+        # package.json. The stand-in's weights are spread so that its answers differ by input
+        # and a test that compares answers across requests can tell them apart.
+        with standin_int8_gate():
+            tiny.build_tiny_package(out, task, **standin(task))
         if name or manifest:
             m = json.loads((out / "package.json").read_text())
             m.update(manifest, name=name or m["name"])
             write_package(out, {k: v for k, v in m.items() if k not in ("sha256", "format")})
         return out
+
+    return make
+
+
+@contextmanager
+def standin_int8_gate() -> Iterator[None]:
+    """The int8 gate the stand-in classifier is exported under: its wide random weights put
+    its logits near ties on many texts, and int8 flips 4.6% of its top labels on the export's
+    sample (no choice does better than 2.9%), where the real gate (heads.quality) allows 1%.
+    The service tests need its int8 file for variant choice, not for its answers."""
+    from training import quantize
+
+    gates = {**quantize.GATES, "classification": {"top1_agreement": 0.9}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantize, "GATES", gates)
+        yield
+
+
+def standin(task: str) -> dict[str, Any]:
+    """benchmarks.tiny.build_tiny_package's arguments for `task`'s stand-in package."""
+    from benchmarks import tiny
+
+    return {
+        "name": NAMES[task],
+        "max_seq_length": MAX_SEQ_LENGTH,
+        "variants": ("fp32", "int8") if task == "classification" else ("fp32",),
+        "initializer_range": tiny.STANDIN_RANGE,
+    }
+
+
+@pytest.fixture(scope="session")
+def standin_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """standin_checkpoint(task) -> the Hugging Face checkpoint folder of the model in `task`'s
+    package (model_dir's), for references computed by transformers."""
+    pytest.importorskip("torch")
+    from benchmarks import tiny
+
+    def make(task: str) -> Path:
+        root = tmp_path_factory.mktemp("standin")
+        with standin_int8_gate():
+            tiny.build_tiny_package(
+                root / "package", task, checkpoint_dir=root / "ckpt", **standin(task)
+            )
+        return root / "ckpt"
 
     return make
 

@@ -1,6 +1,6 @@
 """The engine without HTTP (service.engine): the four tasks as async methods on real tiny
-packages, the same answers as the HTTP routes give for the same inputs, and the errors the
-routes map to statuses, raised as the service's error types."""
+packages, the same answers as the tasks give without it and as the HTTP routes give for the same
+inputs, and the errors the routes map to statuses, raised as the service's error types."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import numpy as np
 import orjson
 import pytest
 
-from heads.rows import InvalidInput
+from heads.package import read_package
+from heads.rows import InvalidInput, load_package_tokenizer
+from heads.tasks import classify, ner, qa
 from service.engine import Call, Engine
 from service.errors import (
     DeadlineExceeded,
@@ -23,12 +25,24 @@ from service.errors import (
     PayloadTooLarge,
 )
 from service.settings import Settings
+from tests.heads.tasks.served import run_rows
 from tests.service.conftest import serve
+from tests.service.test_routing import assert_same_answer
 
 pytestmark = pytest.mark.anyio
 
-TEXTS = ["the film was good", "john lives in paris and mary in rome", ""]
-PAIRS = [("who lives in paris ?", "john lives in paris and mary in rome")] * 2
+# the second text's words are cut into pieces ("johnsons" is john ##s ##o ##n ##s): the NER
+# strategies differ on it
+TEXTS = [
+    "the film was good",
+    "johnsons parisians lived brilliantly in kyoto with maryanne",
+    "john lives in paris and mary in rome",
+    "",
+]
+PAIRS = [
+    ("who lives in paris ?", "john lives in paris and mary in rome"),
+    ("where does mary live ?", "mary lives in rome and works for the bank in london"),
+]
 
 
 def as_json(answer: object) -> object:
@@ -61,7 +75,56 @@ async def test_every_task_answers_as_the_http_route(model_dir: Path) -> None:
         )
         assert isinstance(vectors, np.ndarray) and vectors.shape[0] == len(TEXTS)
         assert as_json(vectors) == await post("/embed", {"inputs": TEXTS})
-    assert len(labels) == 4 and all(len(x) == 2 for x in labels)  # both labels, every input
+    assert len(labels) == len(TEXTS) + 1 and all(len(x) == 2 for x in labels)  # every input
+    # and they are the tasks' pre- and post-processing applied input by input, with no engine
+    # and no Job: the rows run in ONNX Runtime (tests/heads/tasks/served.py)
+    sst2, conll, squad = (read_package(model_dir / n) for n in ("sst2", "conll", "squad"))
+    tokenizer = load_package_tokenizer(conll.tokenizer_path)  # the four packages share it
+    encoded = classify.preprocess(tokenizer, [*TEXTS, ("a", "b")], sst2.max_seq_length)
+    logits = np.stack([o["logits"] for o in run_rows(sst2, encoded.sequences)])
+    want = classify.postprocess(logits, sst2.labels or [], "single_label", top_k=None)
+    assert_same_answer(as_json(labels), as_json(want), "classify")
+    stride = ner.default_stride(conll.max_seq_length)
+    for i, text in enumerate(TEXTS):
+        prepared = ner.preprocess(tokenizer, text, conll.max_seq_length, stride)
+        outputs = run_rows(conll, prepared.sequences)
+        want = ner.postprocess(prepared, outputs, conll.labels or [], "first")
+        assert_same_answer(as_json(entities[i]), as_json(want), f"ner {i}")
+    length = min(384, squad.max_seq_length)
+    for i, (question, context) in enumerate(PAIRS):
+        prepared = qa.preprocess(tokenizer, question, context, length, qa.default_stride(length))
+        want = qa.postprocess(prepared, run_rows(squad, prepared.sequences), top_k=2)
+        assert_same_answer(as_json(spans[i]), as_json(want), f"qa {i}")
+    assert as_json(spans[0]) != as_json(spans[1])  # two questions, two answers
+
+
+async def test_a_calls_inputs_answer_as_each_alone(model_dir: Path) -> None:
+    """Several inputs in one call (long ones in several windows) get, in order, what each gets
+    alone: no answer handed to another input of the same call."""
+    long_text = " ".join(["john lives in paris and mary works for the bank in rome"] * 12)
+    texts = [TEXTS[1], long_text, TEXTS[2], "mary works in rome", long_text[::-1]]
+    pairs = [*PAIRS, ("who works for the bank ?", long_text)]
+    async with Engine(Settings(model_dir=model_dir, intra_op_threads=1)) as engine:
+        for strategy in ("none", "simple", "first", "average", "max"):
+            together = await engine.ner(texts, aggregation_strategy=strategy)
+            alone = [(await engine.ner([t], aggregation_strategy=strategy))[0] for t in texts]
+            for i, (got, want) in enumerate(zip(together, alone, strict=True)):
+                assert_same_answer(as_json(got), as_json(want), f"ner {strategy} text {i}")
+            assert len({json.dumps(as_json(x)) for x in together}) == len(texts)
+        for top_k in (1, 3):
+            together = await engine.qa(pairs, top_k=top_k, max_seq_len=32)
+            alone = [(await engine.qa([p], top_k=top_k, max_seq_len=32))[0] for p in pairs]
+            for i, (got, want) in enumerate(zip(together, alone, strict=True)):
+                assert_same_answer(as_json(got), as_json(want), f"qa top_k {top_k} pair {i}")
+            assert len({json.dumps(as_json(x)) for x in together}) == len(pairs)
+        inputs = [*texts, ("a cat sat", "a dog sat")]
+        together = await engine.classify(inputs, top_k=None)
+        alone = [(await engine.classify([x], top_k=None))[0] for x in inputs]
+        for i, (got, want) in enumerate(zip(together, alone, strict=True)):
+            assert_same_answer(as_json(got), as_json(want), f"classify input {i}")
+        vectors = await engine.embed(texts)
+        for i, text in enumerate(texts):
+            assert np.abs(vectors[i] - (await engine.embed([text]))[0]).max() <= 1e-6, i
 
 
 async def test_errors_are_the_service_error_types(model_dir: Path) -> None:

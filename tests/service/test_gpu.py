@@ -23,7 +23,8 @@ TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory):
-    tiny = pytest.importorskip("benchmarks.tiny")
+    from benchmarks import tiny
+
     folder = tmp_path_factory.mktemp("gpu") / "sst2"
     tiny.build_tiny_package(folder, "classification", variants=("fp32", "fp16"), name="sst2")
     return read_package(folder)

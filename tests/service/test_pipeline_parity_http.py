@@ -55,7 +55,8 @@ def root(
 ) -> Path:
     """root/checkpoints/NAME: a transformers checkpoint folder (model and tokenizer);
     root/models/NAME: the package training.export makes of it, tokenizer included."""
-    export = pytest.importorskip("training.export")
+    from training import export
+
     root = tmp_path_factory.mktemp("parity")
     specs: dict[str, tuple[str, str, Any, int, dict, int]] = {
         name: (

@@ -20,9 +20,8 @@ import pytest
 from service.app import create_app
 from service.settings import Settings
 from tests.service.conftest import LiveServer
-
-folders = pytest.importorskip("tests.training.test_st_folders")
-export = pytest.importorskip("training.export")
+from tests.training import test_st_folders as folders  # skips without torch / sentence-transformers
+from training import export
 
 TEXTS = [*folders.TEXTS, "query: a text that already has a prefix", "x " * 40]
 CASES = {  # package name -> family, pooling, Dense activations, Normalize

@@ -3,13 +3,16 @@ health, metadata, and infer for every task, answering what the native endpoints 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from service import registry as registry_module
 from service.settings import Settings
 from tests.service.conftest import metric, serve
 
@@ -205,10 +208,26 @@ async def test_bad_requests_get_the_protocols_error_body(
     assert list(r.json()) == ["error"] and says in r.json()["error"], r.text
 
 
-async def test_a_model_not_ready_says_503(model_dir: Path) -> None:
+async def test_a_model_not_ready_says_503(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the models warm up (held here), the server says 503 not ready, alive all along;
+    once warm, 200 ready, and so does each model."""
+    release = threading.Event()
+    real_warm_up = registry_module.warm_up
+
+    def held_warm_up(backend: Any, feeds: Any) -> Any:
+        release.wait(20)
+        return real_warm_up(backend, feeds)
+
+    monkeypatch.setattr(registry_module, "warm_up", held_warm_up)
     async with serve(Settings(model_dir=model_dir), wait=False) as s:
         r = await s.client.get("/v2/health/ready")
-        assert r.status_code in (200, 503) and r.json()["ready"] == (r.status_code == 200)
+        assert r.status_code == 503 and r.json()["ready"] is False, r.text
+        assert (await s.client.get("/v2/health/live")).status_code == 200
+        release.set()
+        await asyncio.wait_for(s.registry.loaded.wait(), 20)
+        r = await s.client.get("/v2/health/ready")
+        assert r.status_code == 200 and r.json()["ready"] is True, r.text
+        assert (await s.client.get("/v2/models/sst2/ready")).status_code == 200
 
 
 async def test_a_kserve_model_folder_is_served_under_the_name_given(

@@ -141,14 +141,25 @@ async def test_a_lone_surrogate_in_a_question_is_refused(shared: Service) -> Non
     assert_error(r, 422, "validation", "surrogate")
 
 
-@pytest.mark.parametrize(
-    "text", ["", "   ", "\t\n", "a\x00b\x07c", "\u200b\ufeff", "e\u0301", "😀 paris"]
-)
+# each text, and one the tokenizer reads alike
+SAME_AS = {"": "", "   ": "", "\t\n": "", "a\x00b\x07c": "abc", "\u200b\ufeff": "",
+           "e\u0301": "e", "😀 paris": "\u2603 paris"}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", list(SAME_AS))
 async def test_empty_whitespace_and_control_characters_are_served(
     shared: Service, text: str
 ) -> None:
-    assert (await shared.client.post("/classify", json={"inputs": text})).status_code == 200
-    assert (await shared.client.post("/embed", json={"inputs": [text]})).status_code == 200
+    # answered as the text the tokenizer makes of it: control and zero-width characters
+    # dropped, accents stripped (uncased), an unknown symbol read as [UNK] like any other
+    same_as = SAME_AS[text]
+    for path, body in [("/classify", {"top_k": None}), ("/embed", {})]:
+        r = await shared.client.post(path, json={"inputs": [text], **body})
+        assert r.status_code == 200, r.text
+        want = (await shared.client.post(path, json={"inputs": [same_as], **body})).json()
+        assert r.json() == want  # the same rows: the same answer, to the bit
+        other = (await shared.client.post(path, json={"inputs": ["paris"], **body})).json()
+        assert r.json() != other  # the stand-in answers another text otherwise
     r = await shared.client.post(
         "/ner", json={"inputs": text, "aggregation_strategy": "none", "ignore_labels": []}
     )

@@ -194,6 +194,67 @@ def squad_pairs(shared_data: Path, n: int) -> list[tuple[str, str]]:
     return pairs
 
 
+# --- text the repository ships, for the fresh-clone twins of the tests above ----------------
+# examples/data (made-up CoNLL and SQuAD files) and the demo heads' seeded generators
+# (demo.data, demo.qa_data): real sentence shapes, many entities, paragraphs that span several
+# windows, and no ../shared.
+
+
+@pytest.fixture(scope="session")
+def hf_repo() -> Any:
+    """A cased WordPiece tokenizer trained on text the repository ships (tests/families.py),
+    as transformers' BertTokenizerFast: the fresh-clone twin of `hf_cased`, with many words
+    cut into `##` pieces."""
+    pytest.importorskip("transformers")
+    from tests.families import hf_tokenizer
+
+    return hf_tokenizer("bert")
+
+
+@pytest.fixture(scope="session")
+def tok_repo(hf_repo: Any) -> Tokenizer:
+    """The same tokenizer as `hf_repo`, as the service loads one."""
+    return prepare_tokenizer(Tokenizer.from_str(hf_repo.backend_tokenizer.to_str()))
+
+
+def repo_ner_sentences(n: int) -> list[str]:
+    """The sentences of examples/data/ner, then the demo's generated NER sentences (seeded)."""
+    import random
+
+    from demo.data import ner_examples
+    from tests.conftest import EXAMPLES
+
+    sentences = []
+    for path in sorted((EXAMPLES / "ner").glob("*.conll")):
+        for block in path.read_text(encoding="utf-8").split("\n\n"):
+            words = [line.split()[0] for line in block.splitlines() if line.strip()]
+            if words:
+                sentences.append(" ".join(words))
+    rng = random.Random(0)
+    sentences += [" ".join(e["tokens"]) for e in ner_examples(max(0, n - len(sentences)), rng)]
+    return sentences[:n]
+
+
+def repo_squad_pairs(n: int) -> list[tuple[str, str]]:
+    """(question, context) pairs: every question of examples/data/qa, then the demo's
+    generated paragraphs (4 to 7 sentences, several windows at 64 tokens), one question each."""
+    import random
+
+    from demo.qa_data import qa_examples
+    from tests.conftest import EXAMPLES
+
+    pairs = []
+    for path in sorted((EXAMPLES / "qa").glob("*.json")):
+        for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
+            for para in article["paragraphs"]:
+                pairs += [(qa["question"], para["context"]) for qa in para["qas"]]
+    generated = qa_examples(4 * max(0, n - len(pairs)), random.Random(0))  # ~3 per paragraph
+    for article in generated["data"]:
+        for para in article["paragraphs"]:
+            pairs.append((para["qas"][0]["question"], para["context"]))
+    return pairs[:n]
+
+
 def ids_of(hf_encoding: Any) -> list[list[int]]:
     ids = hf_encoding["input_ids"]
     return ids if ids and isinstance(ids[0], list) else [ids]

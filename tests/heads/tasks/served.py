@@ -31,7 +31,13 @@ def run_job(package: ModelPackage | Path, job: Any) -> Any:
     package = package if isinstance(package, ModelPackage) else read_package(Path(package))
     tokenizer = load_package_tokenizer(package.tokenizer_path)
     encodings = tokenizer.encode_batch(job.texts, add_special_tokens=False)
-    rows = job.rows(tokenizer, encodings)
+    outputs = run_rows(package, job.rows(tokenizer, encodings))
+    return type(job).answer_many([job], [outputs])[0]
+
+
+def run_rows(package: ModelPackage, rows: list[Any]) -> list[Outputs]:
+    """Each row's outputs, the rows run as one padded batch through the package's graph."""
+    tokenizer = load_package_tokenizer(package.tokenizer_path)
     feeds = pad(rows, pad_id(package.pad_token_id, tokenizer))
     run = session(package)
     names = [o.name for o in run.get_outputs()]
@@ -49,4 +55,4 @@ def run_job(package: ModelPackage | Path, job: Any) -> Any:
             n: g[r, : len(seq)] if n in per_token else g[r] for n, g in zip(names, got, strict=True)
         }
         outputs.append({n: np.asarray(v) for n, v in cut.items()})
-    return type(job).answer_many([job], [outputs])[0]
+    return outputs

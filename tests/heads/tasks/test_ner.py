@@ -12,7 +12,13 @@ from tokenizers import Tokenizer
 
 from heads.rows import InvalidInput, Outputs, encode
 from heads.tasks import ner
-from tests.heads.tasks.conftest import NER_LABELS, as_lists, conll_sentences, forward
+from tests.heads.tasks.conftest import (
+    NER_LABELS,
+    as_lists,
+    conll_sentences,
+    forward,
+    repo_ner_sentences,
+)
 
 STRATEGIES = ["none", "simple", "first", "average", "max"]
 L = {name: i for i, name in enumerate(NER_LABELS)}
@@ -61,6 +67,32 @@ def test_windows_cover_the_text_and_share_stride_tokens(toy_tokenizer: Tokenizer
         ner.preprocess(toy_tokenizer, text, max_seq_length=16, stride=14)
     # a text that fits is one window, whatever the stride
     assert not ner.preprocess(toy_tokenizer, "the cat", 16, stride=14).windowed
+
+
+def test_the_stride_leaves_new_tokens_in_every_window(toy_tokenizer: Tokenizer) -> None:
+    # a window of 16 holds 14 text tokens: it may share 0 to 13 of them with the next
+    ner.check_stride(0, 16)
+    ner.check_stride(13, 16)
+    for stride in (14, -1):
+        with pytest.raises(
+            InvalidInput,
+            match=rf"stride \({stride}\) must be smaller than the window's 14 text tokens",
+        ):
+            ner.check_stride(stride, 16)
+    assert [ner.default_stride(n) for n in (130, 512, 6)] == [32, 127, 1]  # a quarter
+    # one text token per window is the least: [CLS] and [SEP] take the rest
+    assert len(ner.preprocess(toy_tokenizer, "the cat sat", 3, 0).windows) == 3
+    with pytest.raises(ValueError, match="no room"):
+        ner.preprocess(toy_tokenizer, "the cat sat", 2, 0)
+
+
+def test_sure_logits_stay_finite(toy_tokenizer: Tokenizer) -> None:
+    """Logits of 100 (fp16 graphs reach such values) give probabilities, not overflow."""
+    prepared = ner.preprocess(toy_tokenizer, "the cats sat in paris", 32, 8)
+    outputs = outputs_for(prepared, confident(["O", "B-PER", "B-PER", "O", "O", "B-LOC"], 100.0))
+    for strategy in STRATEGIES:
+        entities = ner.postprocess(prepared, outputs, NER_LABELS, strategy)
+        assert entities and all(e["score"] == pytest.approx(1.0) for e in entities), strategy
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t ", "\x07\x00"])
@@ -142,13 +174,84 @@ def test_a_word_shortened_by_normalisation_still_starts_a_word(toy_tokenizer: To
         ]
 
 
-def test_long_texts_merge_to_what_one_window_gives(toy_tokenizer: Tokenizer) -> None:
+def test_many_entities_each_word_strategy_names_each_once(toy_tokenizer: Tokenizer) -> None:
+    """Five entities in one text, two of them words of two tokens whose second token says
+    something else: every word strategy names each entity once, with its whole word."""
+    text = "the cats sat in paris , new york , france , dogs ran"
+    prepared = ner.preprocess(toy_tokenizer, text, 64, 8)
+    pieces = [text[a:b] for a, b in prepared.tokens.offsets]
+    assert pieces[1:3] == ["cat", "s"] and pieces[-3:-1] == ["dog", "s"]
+    tags = ["O", "B-PER", "B-LOC", "O", "O", "B-LOC", "O", "B-ORG", "I-ORG", "O", "B-MISC"]
+    tags += ["O", "B-PER", "B-LOC", "O"]
+    logits = confident(tags)
+    logits[2] = logits[13] = confident(["B-LOC"], strength=3.0)  # "##s": less sure than "cat"
+    outputs = outputs_for(prepared, logits)
+    want = [("PER", "cats"), ("LOC", "paris"), ("ORG", "new york"), ("MISC", "france"),
+            ("PER", "dogs")]  # fmt: skip
+    for strategy in ("first", "average", "max"):
+        entities = ner.postprocess(prepared, outputs, NER_LABELS, strategy)
+        assert [(e["entity_group"], e["word"]) for e in entities] == want, strategy
+    # "simple" reads tokens, not words: "##s" is a LOC of its own, and the text has 7 entities
+    simple = ner.postprocess(prepared, outputs, NER_LABELS, "simple")
+    assert [e["word"] for e in simple] == ["cat", "s", "paris", "new york", "france", "dog", "s"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_postprocess(toy_tokenizer: Tokenizer, tiny_model: Any) -> Any:
+    """pipeline_postprocess(prepared, logits (T, C), strategy) -> the entities that
+    transformers' token-classification pipeline makes of these token logits for the whole
+    text in one row: an independent reference for hand-made logits."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.pipelines.token_classification import AggregationStrategy
+
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=toy_tokenizer, unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
+    )  # fmt: skip
+    model = tiny_model(
+        "BertForTokenClassification", toy_tokenizer.get_vocab_size(),
+        id2label=dict(enumerate(NER_LABELS)), label2id=L,
+    )  # fmt: skip
+    pipe = transformers.pipeline("token-classification", model=model, tokenizer=hf)
+
+    def run(prepared: ner.WindowedText, logits: np.ndarray, strategy: str) -> list[dict]:
+        import torch
+
+        assert not prepared.windowed
+        (w,) = prepared.windows
+        row = outputs_for(prepared, logits)[0]["logits"]
+        out = {
+            "logits": torch.from_numpy(row)[None],
+            "sentence": prepared.text,
+            "input_ids": torch.from_numpy(w.sequence.input_ids)[None],
+            "offset_mapping": torch.from_numpy(w.offsets)[None],
+            "special_tokens_mask": torch.from_numpy(w.special.astype(np.int64))[None],
+            "is_last": True,
+        }
+        return pipe.postprocess([out], aggregation_strategy=AggregationStrategy[strategy.upper()])
+
+    return run
+
+
+def test_long_texts_merge_to_what_one_window_gives(
+    toy_tokenizer: Tokenizer, pipeline_postprocess: Any
+) -> None:
     """With logits that depend on the token alone, windows must stitch back exactly: any entity
-    cut at a window edge, or counted twice in an overlap, would show up as a difference."""
+    cut at a window edge, or counted twice in an overlap, would show up as a difference. The
+    one-window answer is itself checked against the pipeline's grouping of the same logits."""
     text = " ".join(["the cats sat in new york city, paris is in france."] * 8)
     whole = ner.preprocess(toy_tokenizer, text, 512, 0)
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 2, (len(whole.tokens), len(NER_LABELS))).astype(np.float32)
+    for strategy in STRATEGIES:
+        reference = ner.postprocess(whole, outputs_for(whole, logits), NER_LABELS, strategy)
+        key = "entity" if strategy == "none" else "entity_group"
+        theirs = pipeline_postprocess(whole, logits, strategy)
+        assert spans(reference, key) == spans(theirs, key), strategy
+        assert [e["score"] for e in reference] == pytest.approx(
+            [float(e["score"]) for e in theirs], abs=1e-6
+        )
+        assert len(reference) > 20, strategy  # many entities: none lost, none repeated
     for max_len, stride in [(16, 4), (12, 0), (20, 9), (32, 8)]:
         windowed = ner.preprocess(toy_tokenizer, text, max_len, stride)
         assert len(windowed.windows) > 2
@@ -236,6 +339,47 @@ def test_same_entities_as_the_pipeline(
                 assert [e["index"] for e in ours] == [e["index"] for e in theirs]
             found += len(ours)
     assert found > 500  # the random model does name things: the comparison is not vacuous
+
+
+def test_same_entities_as_the_pipeline_on_shipped_text(
+    tok_repo: Tokenizer, hf_repo: Any, tiny_model: Any
+) -> None:
+    """The fresh-clone twin of the test above: the sentences of examples/data/ner and the
+    demo's generated ones, alone and two at a time (many entities per text), with a tokenizer
+    trained on the repository's text (most names cut into `##` pieces)."""
+    from transformers import pipeline
+
+    model = tiny_model(
+        "BertForTokenClassification", len(hf_repo), seed=1,
+        id2label=dict(enumerate(NER_LABELS)), label2id=L,
+    )  # fmt: skip
+    sentences = repo_ner_sentences(60)
+    pairs = zip(sentences[30::2], sentences[31::2], strict=True)
+    texts = sentences[:30] + [f"{a} {b}" for a, b in pairs]
+    texts += UNICODE_TEXTS
+    found = crowded = 0
+    for strategy in STRATEGIES:
+        pipe = pipeline(
+            "token-classification", model=model, tokenizer=hf_repo, aggregation_strategy=strategy
+        )
+        key = "entity" if strategy == "none" else "entity_group"
+        for text in texts:
+            prepared = ner.preprocess(tok_repo, text, 128, 16)
+            assert as_lists(prepared.sequences) == [hf_repo(text)["input_ids"]]
+            outputs = [forward(model, s) for s in prepared.sequences]
+            ours = ner.postprocess(prepared, outputs, NER_LABELS, strategy)
+            theirs = pipe(text)
+            assert spans(ours, key) == spans(theirs, key), (strategy, text)
+            assert [e["score"] for e in ours] == pytest.approx(
+                [float(e["score"]) for e in theirs], abs=1e-4
+            )
+            assert all(e["word"] == text[e["start"] : e["end"]] for e in ours)
+            if strategy == "none":
+                assert [e["index"] for e in ours] == [e["index"] for e in theirs]
+            found += len(ours)
+            crowded += strategy in ("first", "average", "max") and len(ours) > 2
+    assert found > 500, found  # the random model does name things: not a vacuous comparison
+    assert crowded >= 12, crowded  # texts with more than two entities (first, average, max)
 
 
 @pytest.mark.shared

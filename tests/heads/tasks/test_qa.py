@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from heads.rows import InvalidInput, Outputs, encode
 from heads.tasks import qa
-from tests.heads.tasks.conftest import as_lists, forward, squad_pairs
+from tests.heads.tasks.conftest import as_lists, forward, repo_squad_pairs, squad_pairs
 
 CONTEXT = "the cats sat on the mat in new york city. paris is in france."
 
@@ -179,6 +179,84 @@ def test_the_null_answer_competes_only_when_asked(toy_tokenizer: Tokenizer) -> N
         qa.postprocess(prepared, outputs, top_k=0)
 
 
+def _windows_with_spans(
+    prepared: qa.WindowedContext, spans: dict[int, tuple[int, int, float]], cls: list[float]
+) -> list[Outputs]:
+    """Per window flat logits, [CLS] at cls[k], and in window k of `spans` a span (s, e) of
+    its context tokens with start and end logits `strength`."""
+    outputs = []
+    for k, w in enumerate(prepared.windows):
+        s = np.zeros(len(w.sequence), dtype=np.float32)
+        e = np.zeros(len(w.sequence), dtype=np.float32)
+        if k in spans:
+            first, last, strength = spans[k]
+            s[w.context_start + first] = e[w.context_start + last] = strength
+        s[0] = e[0] = cls[k]
+        outputs.append({"start_logits": s, "end_logits": e})
+    return outputs
+
+
+def test_the_answer_comes_from_whichever_window_holds_it(toy_tokenizer: Tokenizer) -> None:
+    """A context of many windows: the best span is found in each window in turn, the top_k
+    ranks spans of different windows together, and the null answer is the least likely one
+    over all windows (the pipeline's `min_null_score`)."""
+    # 40 different words of two tokens each ("ba" is "b ##a"): every answer text is unique
+    context = " ".join(f"{a}{b}" for a in "bcdfghjk" for b in "aeiou")
+    prepared = qa.preprocess(toy_tokenizer, "where", context, max_seq_length=24, stride=5)
+    n = len(prepared.windows)
+    assert n >= 5
+    for k, w in enumerate(prepared.windows):
+        # a span in the middle of window k (two tokens), where no other window reads
+        mid = len(w.offsets) // 2
+        outputs = _windows_with_spans(prepared, {k: (mid, mid + 1, 9.0)}, [0.0] * n)
+        (best,) = qa.postprocess(prepared, outputs)
+        assert (best["start"], best["end"]) == (
+            int(w.word_spans[mid, 0]),
+            int(w.word_spans[mid + 1, 1]),
+        ), f"window {k}"
+        assert best["answer"] == context[best["start"] : best["end"]]
+    # top_k across windows: the last window's span is surer than the first's
+    first, last = prepared.windows[0], prepared.windows[-1]
+    outputs = _windows_with_spans(prepared, {0: (1, 1, 7.0), n - 1: (2, 2, 9.0)}, [0.0] * n)
+    top = qa.postprocess(prepared, outputs, top_k=2, max_answer_len=1)
+    assert [(a["start"], a["end"]) for a in top] == [
+        tuple(int(x) for x in last.word_spans[2]),
+        tuple(int(x) for x in first.word_spans[1]),
+    ]
+    assert top[0]["score"] > top[1]["score"]
+    # impossible answers: every window but window 2 is sure there is none
+    cls = [12.0] * n
+    cls[2] = 0.0
+    outputs = _windows_with_spans(prepared, {1: (1, 2, 3.0)}, cls)
+    answers = qa.postprocess(prepared, outputs, top_k=10_000, handle_impossible_answer=True)
+    (null,) = [a for a in answers if a["answer"] == ""]
+    w2 = prepared.windows[2]
+    allowed = np.zeros(len(w2.sequence), dtype=bool)
+    allowed[0] = True
+    allowed[w2.context_start : w2.context_start + len(w2.offsets)] = True
+    p_start, p_end = qa.span_probs(outputs[2]["start_logits"], outputs[2]["end_logits"], allowed)
+    assert null["score"] == pytest.approx(float(p_start[0] * p_end[0]), rel=1e-6)
+    assert qa.postprocess(prepared, outputs)[0]["answer"] != ""  # only when asked
+
+
+def test_a_later_windows_span_of_the_same_text_adds_to_the_first(toy_tokenizer: Tokenizer) -> None:
+    """The same answer text found in two windows scores the sum, as in the pipeline."""
+    context = " ".join(["the cats sat on the mat in new york city. paris is in france."] * 4)
+    prepared = qa.preprocess(toy_tokenizer, "where", context, max_seq_length=24, stride=5)
+    words = [[context[a:b] for a, b in w.word_spans] for w in prepared.windows]
+    k0 = next(k for k, ws in enumerate(words) if "paris" in ws)
+    k1 = next(k for k, ws in enumerate(words) if "paris" in ws and k > k0 + 1)
+    i0, i1 = words[k0].index("paris"), words[k1].index("paris")
+    n = len(prepared.windows)
+    both = _windows_with_spans(prepared, {k0: (i0, i0, 6.0), k1: (i1, i1, 6.0)}, [0.0] * n)
+    one = _windows_with_spans(prepared, {k0: (i0, i0, 6.0)}, [0.0] * n)
+    (together,) = qa.postprocess(prepared, both)
+    (alone,) = qa.postprocess(prepared, one)
+    assert together["answer"] == alone["answer"] == "paris"
+    assert together["start"] == alone["start"]  # the first one found keeps its place
+    assert together["score"] > 1.5 * alone["score"]
+
+
 # --- parity with transformers' pipeline on SQuAD --------------------------------------------
 
 UNICODE_PAIRS = [
@@ -240,3 +318,58 @@ def test_same_answers_as_the_pipeline(
         assert [a["score"] for a in ours] == pytest.approx([a["score"] for a in theirs], abs=1e-4)
         assert all(a["answer"] == context[a["start"] : a["end"]] for a in ours)
     assert n_windowed >= 40
+
+
+@pytest.mark.parametrize(
+    ("top_k", "max_answer_len", "handle_impossible_answer"),
+    [(1, 15, False), (3, 15, True), (5, 4, False)],
+)
+def test_same_answers_as_the_pipeline_on_shipped_text(
+    tok_repo: Tokenizer,
+    hf_repo: Any,
+    tiny_model: Any,
+    top_k: int,
+    max_answer_len: int,
+    handle_impossible_answer: bool,
+) -> None:
+    """The fresh-clone twin of the test above: the questions of examples/data/qa and the
+    demo's generated paragraphs, most of them several windows long, with a tokenizer trained on
+    the repository's text; some answers must come from a window after the first."""
+    from transformers import pipeline
+
+    model = tiny_model("BertForQuestionAnswering", len(hf_repo), seed=2)
+    pipe = pipeline("question-answering", model=model, tokenizer=hf_repo)
+    n_windowed = later = 0
+    for question, context in repo_squad_pairs(70) + UNICODE_PAIRS:
+        prepared = qa.preprocess(tok_repo, question, context, max_seq_length=64, stride=16)
+        hf = hf_repo(
+            question,
+            context,
+            truncation="only_second",
+            max_length=64,
+            stride=16,
+            return_overflowing_tokens=True,
+        )
+        assert as_lists(prepared.sequences) == hf["input_ids"]
+        n_windowed += prepared.windowed
+        outputs = [forward(model, s) for s in prepared.sequences]
+        ours = qa.postprocess(prepared, outputs, top_k, max_answer_len, handle_impossible_answer)
+        theirs = pipe(
+            question=question,
+            context=context,
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+            handle_impossible_answer=handle_impossible_answer,
+            max_seq_len=64,
+            doc_stride=16,
+        )
+        theirs = theirs if isinstance(theirs, list) else [theirs]
+        assert [(a["start"], a["end"]) for a in ours] == [(a["start"], a["end"]) for a in theirs], (
+            question
+        )
+        assert [a["score"] for a in ours] == pytest.approx([a["score"] for a in theirs], abs=1e-4)
+        assert all(a["answer"] == context[a["start"] : a["end"]] for a in ours)
+        first_window_end = int(prepared.windows[0].offsets[-1, 1])
+        later += any(a["start"] >= first_window_end for a in ours)
+    assert n_windowed >= 25, n_windowed
+    assert later >= 5, later  # answers that only a window after the first holds
