@@ -60,11 +60,21 @@ def _process_tree(pid: int) -> list[int]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
+def worker_pids(pid: int) -> list[int]:
+    """The worker processes `python -m service --workers N` (parent `pid`) spawned, not its
+    resource tracker; [] once `pid` has ended."""
     try:
-        return stat_seconds(f"/proc/{pid}/stat")
-    except OSError:  # ended meanwhile
-        return 0.0
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for c in children:
+        try:
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(int(c))
+        except OSError:  # ended meanwhile
+            continue
+    return out
 
 
 class Server:
@@ -74,7 +84,17 @@ class Server:
     def cpu_seconds(self) -> float:
         """User + system CPU time so far of the server process and its live children (the
         workers of --workers N, which would otherwise count as other people's work)."""
-        return sum(_cpu_seconds(pid) for pid in _process_tree(self.process.pid))
+        return sum(self.cpu_by_process().values())
+
+    def cpu_by_process(self) -> dict[int, float]:
+        """cpu_seconds per live process: {pid: seconds}, the server's and its children's."""
+        out = {}
+        for pid in _process_tree(self.process.pid):
+            try:
+                out[pid] = stat_seconds(f"/proc/{pid}/stat")
+            except OSError:  # ended meanwhile
+                continue
+        return out
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {'name{label=value,...}': value} for the bert_heads_* histograms and

@@ -6,6 +6,10 @@ answers are made does the suite catch, run as a fresh clone runs it (no ../share
     python -m benchmarks.mutate --only ner --tree /tmp/old --out /tmp/old-scores
                                                       # another tree (e.g. a `git worktree` of an
                                                       # older commit), to compare before / after
+    python -m benchmarks.mutate --report --before /tmp/old-scores/mutation.json
+                                                      # mutation.md again from mutation.json (after
+                                                      # editing mutation_equivalents.json), with
+                                                      # an older tree's scores beside
 
 Each target is one module and the test files that exercise it. The tree is copied into
 build/mutate/<target>/ (the working tree is never touched: mutmut writes its mutants there),
@@ -18,6 +22,10 @@ mutants that no selected test reaches count as survivors too, since the suite mi
 Writes benchmarks/results/mutation.json and mutation.md: the score per module, and every
 surviving mutant with its diff, so that a reader can tell a missing test from an equivalent
 mutant (one that changes nothing observable, e.g. a default argument that every caller passes).
+The equivalent ones, each with the reason no test can kill it, are listed in
+benchmarks/mutation_equivalents.json by mutant name and diff (an entry whose diff no longer
+matches, after the code changed, counts as a survivor again); the score is given raw and with
+them left out.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks._machine import cpu_name
 from benchmarks._paths import REPO
 
 RESULTS = REPO / "benchmarks" / "results"
+EQUIVALENTS = REPO / "benchmarks" / "mutation_equivalents.json"
 
 # The tasks' own tests, and the engine's (each task's Job run as the service runs it). The
 # HTTP tests reach the same code but cost ~10x more a mutant (0.34 mutants/s against 3.5 on 2
@@ -100,6 +110,17 @@ def copy_tree(source: Path, dest: Path) -> None:
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source / rel, dest / rel)
+
+
+def tree_name(source: Path) -> str:
+    """The tree measured: its commit, with `+` when it has uncommitted changes; else its path."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=source, capture_output=True, text=True
+    )
+    if head.returncode != 0:
+        return str(source)
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=source).returncode
+    return head.stdout.strip() + ("+" if changed else "")
 
 
 def configure(tree: Path, target: Target, pytest_args: list[str]) -> None:
@@ -169,8 +190,30 @@ def run_target(name: str, target: Target, source: Path, jobs: int, work: Path) -
         "counts": counts,
         "score": round(killed / total, 4) if total else None,
         "seconds": round(seconds),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {jobs} mutants at once",
+        "tree": tree_name(source),
+        "date": time.strftime("%Y-%m-%d"),
         "survivors": {k: diffs[k] for k in survivors},
     }
+
+
+def mark_equivalents(result: dict, listed: dict[str, dict[str, dict[str, str]]]) -> None:
+    """Which of a module's survivors are equivalent (listed, with the same diff), and its
+    score without them: killed / (mutants - equivalent). None for a module whose survivors
+    nobody has gone through yet (not in the list)."""
+    if result["module"] not in listed:
+        result["equivalent"] = result["score_without_equivalent"] = None
+        return
+    prefix = result["module"][:-3].replace("/", ".") + "."
+    known = listed[result["module"]]
+    equivalent = {}
+    for key, diff in result["survivors"].items():
+        entry = known.get(key.removeprefix(prefix))
+        if entry is not None and entry["diff"] == diff:
+            equivalent[key] = entry["reason"]
+    result["equivalent"] = equivalent
+    live = result["mutants"] - len(equivalent)
+    result["score_without_equivalent"] = round(result["killed"] / live, 4) if live else None
 
 
 # `mutmut show` for many mutants in one process (a process per mutant costs seconds each)
@@ -208,27 +251,63 @@ def report(results: dict[str, dict]) -> str:
         "# Mutation scores (`make mutate`)",
         "",
         "mutmut over each module with the tests named, run as `make test-fresh` runs them (no",
-        "../shared). Score = killed / mutants; survivors include mutants no selected test reaches.",
+        "../shared). Score = killed / mutants (a timeout counts as killed); survivors include",
+        "mutants no selected test reaches. Equivalent: survivors that change nothing a caller",
+        "can observe, each with its reason below (benchmarks/mutation_equivalents.json); the next",
+        'score leaves them out ("not sorted": nobody has gone through that module\'s survivors',
+        "yet). Before: the score of the tree named. Time: the module's whole run, on the machine",
+        "named.",
         "",
-        "| module | tests | mutants | killed | survived | no tests | score | time |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| module | tests | mutants | killed | survived | of them equivalent | no tests | score "
+        "| score, equivalents left out | before | time | measured on |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in results.values():
         c = r["counts"]
+        without = r.get("score_without_equivalent")
+        equivalent = r.get("equivalent")
+        b = r.get("before")
+        before = f"{b['score']:.1%} ({b['killed']}/{b['mutants']}, {b['tree']})" if b else "-"
         lines.append(
             f"| `{r['module']}`{' (' + ', '.join(r['functions']) + ')' if r['functions'] else ''} "
             f"| {', '.join(r['tests'])} | {r['mutants']} | {r['killed']} | "
-            f"{c.get('survived', 0)} | {c.get('no tests', 0)} | {r['score']:.1%} | "
-            f"{r['seconds'] // 60} min |"
+            f"{c.get('survived', 0)} | {'not sorted' if equivalent is None else len(equivalent)} "
+            f"| {c.get('no tests', 0)} | {r['score']:.1%} "
+            f"| {'-' if without is None else f'{without:.1%}'} | {before} "
+            f"| {r['seconds'] // 60} min | {r.get('date', '-')}, {r.get('machine', '-')} |"
         )
     for r in results.values():
-        if not r["survivors"]:
-            continue
-        lines += ["", f"## Survivors in `{r['module']}`", ""]
-        for key, diff in r["survivors"].items():
-            lines += [f"- `{key}`", "", "  ```diff", *("  " + d for d in diff.splitlines()),
-                      "  ```"]  # fmt: skip
+        equivalent = r.get("equivalent") or {}
+        live = {k: d for k, d in r["survivors"].items() if k not in equivalent}
+        if live:
+            lines += ["", f"## Survivors in `{r['module']}`", ""]
+            for key, diff in live.items():
+                lines += [f"- `{key}`", "", "  ```diff", *("  " + d for d in diff.splitlines()),
+                          "  ```"]  # fmt: skip
+        if equivalent:
+            lines += ["", f"## Equivalent mutants in `{r['module']}`", ""]
+            for key, reason in equivalent.items():
+                diff = r["survivors"][key]
+                lines += [f"- `{key}`: {reason}", "", "  ```diff",
+                          *("  " + d for d in diff.splitlines()), "  ```"]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def write(results: dict[str, dict], out: Path, before: Path | None = None) -> None:
+    """mutation.json and mutation.md, the equivalents marked as listed now; `before`: an older
+    tree's mutation.json, whose scores are kept beside each module's (its `tree` field names
+    that tree, else the file's folder)."""
+    listed = json.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.is_file() else {}
+    older = json.loads(before.read_text()) if before is not None else {}
+    for name, r in results.items():
+        mark_equivalents(r, listed)
+        if name in older:
+            b = older[name]
+            tree = b.get("tree", before.parent.name if before else "")
+            r["before"] = {k: b[k] for k in ("score", "killed", "mutants")} | {"tree": tree}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mutation.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "mutation.md").write_text(report(results))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -240,10 +319,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--work", type=Path, default=REPO / "build" / "mutate", help="where the copies go"
     )
+    parser.add_argument(
+        "--report", action="store_true", help="rewrite the results from mutation.json; run nothing"
+    )
+    parser.add_argument(
+        "--before", type=Path, help="an older tree's mutation.json, to show its scores beside"
+    )
     args = parser.parse_args(argv)
     out_json = args.out / "mutation.json"
     # targets run now replace their old figures; the others keep theirs
     results = json.loads(out_json.read_text()) if out_json.is_file() else {}
+    if args.report:
+        write(results, args.out, args.before)
+        return
     for name in args.only or TARGETS:
         print(f"[mutate] {name}: {TARGETS[name].module}", flush=True)
         results[name] = run_target(
@@ -252,9 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         r = results[name]
         print(f"[mutate] {name}: {r['killed']}/{r['mutants']} killed ({r['score']:.1%}), "
               f"{r['seconds']} s", flush=True)  # fmt: skip
-        args.out.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(results, indent=1) + "\n")
-        (args.out / "mutation.md").write_text(report(results))
+        write(results, args.out, args.before)
 
 
 if __name__ == "__main__":

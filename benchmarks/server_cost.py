@@ -152,13 +152,6 @@ class Target:
         self.servers, self.threads = servers, threads
 
 
-def worker_pids(pid: int) -> list[int]:
-    """The worker processes `python -m service --workers N` spawned (not its resource
-    tracker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-
-
 @contextmanager
 def start_service(
     package: Path, variant: str, threads: int, root: Path, workers: int = 1, null: bool = False
@@ -174,7 +167,7 @@ def start_service(
             root=root, prelude=PRELUDE + (NULL_BACKEND if null else ""),
             env={"BENCH_THREAD_LOG": str(log)},
         ) as server:  # fmt: skip
-            pids = worker_pids(server.process.pid) if workers > 1 else [server.process.pid]
+            pids = _server.worker_pids(server.process.pid) if workers > 1 else [server.process.pid]
             yield Target([server], [ThreadMap.at_start(pid, log) for pid in pids])
 
 

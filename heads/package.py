@@ -26,6 +26,8 @@ from heads.contract import (
     MANIFEST,
     POOLINGS,
     PROBLEM_TYPES,
+    READS,
+    REQUEST_TASKS,
     SPARSE_POOLINGS,
     TASKS,
     TOKENIZER,
@@ -83,6 +85,12 @@ class ModelPackage:
     # role (pad, cls, sep, mask, unk, bos, eos) -> {token, id, source}: what the checkpoint
     # declared, resolved at export (training.special_tokens); empty for older packages
     special_tokens: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # classification: "single" texts or "pairs" (READS), as recorded at export; "unknown" for
+    # a package written before the export recorded it
+    reads: str = "unknown"
+    # the request tasks (REQUEST_TASKS) this package answers when several loaded packages
+    # could and the request names none (service.selection); () declares nothing
+    default_for: tuple[str, ...] = ()
 
     @property
     def pad_token_id(self) -> int | None:
@@ -173,6 +181,12 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         raise bad("special_tokens must map roles to {token, id, source}")
     if problem := _agreement_problem(m.get("parity", {})):
         raise bad(problem)
+    reads = m.get("reads", "unknown")
+    if reads != "unknown" and (m["task"] != "classification" or reads not in READS):
+        raise bad(f"reads {reads!r}: a classification package reads one of {', '.join(READS)}")
+    default_for = m.get("default_for") or []
+    if problem := default_for_problem(default_for, m["task"], m.get("pooling"), reads):
+        raise bad(problem)
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
 
@@ -223,7 +237,32 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         mask_token=mask_token if m["task"] == "fill-mask" else None,
         clean_up_tokenization_spaces=bool(m.get("clean_up_tokenization_spaces", False)),
         special_tokens=dict(special_tokens),
+        reads=reads,
+        default_for=tuple(default_for),
     )
+
+
+def default_for_problem(
+    default_for: Any, task: str, pooling: str | None, reads: str = "unknown"
+) -> str | None:
+    """What is wrong with a package's `default_for` (None: nothing): a list of request tasks
+    (REQUEST_TASKS) that a package of `task` (`pooling`, `reads`) serves."""
+    if not isinstance(default_for, list) or not all(isinstance(x, str) for x in default_for):
+        return "default_for must be a list of request tasks"
+    sparse = pooling in SPARSE_POOLINGS
+    for use in default_for:
+        wrong_kind = task == "embedding" and sparse != (use == "sparse-embedding")
+        if REQUEST_TASKS.get(use) != task or wrong_kind:
+            fits = [u for u, t in REQUEST_TASKS.items() if t == task]
+            return (
+                f"default_for names {use!r}, which a {task} package does not answer "
+                f"(one of {', '.join(fits)})"
+            )
+        if use in ("rerank", "zero-shot") and reads == "single":
+            return (
+                f"default_for names {use!r}, which scores pairs, but the package reads single texts"
+            )
+    return None
 
 
 def _agreement_problem(parity: Any) -> str | None:

@@ -21,7 +21,7 @@ from service.settings import Settings
 from service.workers import run_workers
 
 METAVARS = {"payload_limit": "BYTES", "max_wait_ms": "MS", "cors_origins": "ORIGINS"}
-METAVARS |= {"otlp_endpoint": "URL"}
+METAVARS |= {"otlp_endpoint": "URL", "default_model": "TASK=NAME"}
 METAVARS |= {name: "SECONDS" for name in ("request_timeout", "drain_timeout")}
 
 
@@ -33,10 +33,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
                             "max_concurrent_requests", "max_client_batch_size", "payload_limit",
                             "max_text_chars", "request_timeout"),
     "CPU threads": ("intra_op_threads", "concurrent_batches", "intra_op_spinning"),
-    "models and their updates": ("model_name", "verify_sha256", "allow_partial",
-                                 "model_control", "poll_interval", "admin_key"),
-    "access and operations": ("api_keys_file", "protect_metrics", "cors_origins",
-                              "drain_timeout", "otlp_endpoint"),
+    "models and their updates": ("model_name", "default_model", "verify_sha256",
+                                 "allow_partial", "model_control", "poll_interval", "admin_key"),
+    "access and operations": ("api_keys_file", "metrics_public", "docs_public",
+                              "cors_origins", "drain_timeout", "otlp_endpoint"),
 }  # fmt: skip
 EXAMPLES = """examples:
   python -m service --model-dir models --port 8080
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = field.get_default(call_default_factory=True)
         shown = (
             "unset"
-            if default is None
+            if default is None or default == {}
             else ",".join(default)
             if isinstance(default, list)
             else default
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         }
         if field.annotation is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, dict):  # TASK=NAME, one per flag
+            kwargs.update(action="append", metavar=METAVARS[name])
         elif get_origin(field.annotation) is Literal:
             kwargs["choices"] = get_args(field.annotation)
         else:

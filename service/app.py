@@ -76,6 +76,11 @@ def create_app(settings: Settings | None = None) -> App:
         # with no provider configured, looked at the environment on every request (~5% of a
         # request's CPU with a near-null model).
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # the document and the pages are service.routes.docs': their assets served here, not
+        # from a CDN, and behind the API key unless docs_public
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings, app.state.engine = settings, engine
     app.state.keys = Keys(settings.api_key, settings.api_keys_file)

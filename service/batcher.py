@@ -207,17 +207,18 @@ class Batcher:
         await asyncio.gather(*lanes, return_exceptions=True)
 
     def enqueue(
-        self, job: Job, deadline: float, timing: Timing | None = None
+        self, job: Job, deadline: float, timing: Timing | None = None, alone: bool = False
     ) -> asyncio.Future[Any]:
         """Queue `job`; the future gets its answer, or raises DeadlineExceeded when `deadline`
         (event loop clock) passes first, InvalidInput when the job's texts cannot make rows,
         BackendError when a batch holding one of its rows failed. Cancelling the future drops
         the job: its rows still queued never run (counted as client_gone). `timing` gets the
-        job's queue, tokenization and inference seconds."""
+        job's queue, tokenization and inference seconds; `alone`: its rows share a batch with
+        no other job's (JobQueue.next_batch)."""
         loop = self._loop
         if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
-        return self.queue.put(job, deadline, loop, timing).future
+        return self.queue.put(job, deadline, loop, timing, alone).future
 
     async def submit(self, job: Job, deadline: float) -> Any:
         """`enqueue` and wait for the answer; cancelling the caller drops the job."""
@@ -358,8 +359,9 @@ class Batcher:
             log.exception("%s: tokenization failed", self.name)
             error = BackendError("internal error while tokenizing")
             made = [error] * len(requests)
-        finally:
-            self._tokenizing = []
+        # Not in a `finally`: when stop() cancels the worker here, the requests stay listed,
+        # for stop() to fail them with not_ready (else they would wait for their deadline).
+        self._tokenizing = []
         self._take_rows(requests, made, start)
 
     def _tokenize_here(self, requests: list[Queued]) -> None:
@@ -423,10 +425,12 @@ class Batcher:
     def _begin(self, batch: list[tuple[Queued, int]]) -> None:
         """In the lane's thread, as the batch starts: close its requests' queue wait."""
         now = time.perf_counter()
+        starting: list[Queued] = []
         with self._begin_lock:  # a request's rows may start in two lanes at once
-            starting = [r for r, _ in batch if not r.started]
-            for request in starting:
-                request.started = True
+            for request, _ in batch:  # once per request, however many of its rows are here
+                if not request.started:
+                    request.started = True
+                    starting.append(request)
         for request in starting:
             waited = now - request.queued_at
             self.metrics.queue_wait.observe(waited)

@@ -8,7 +8,7 @@ plain Python inputs and return the answers the HTTP routes serialise. No HTTP in
 
 Every task call takes the same path: refused while draining (503), an admission slot (429
 when max_concurrent_requests are in flight), the model (by name, or the only ready one of the
-task: 404 / 422), the size limits (413), the task's `Job` (heads.tasks) queued on the model's
+task, or its default: service.selection; 404 / 422), the size limits (413), the task's `Job` (heads.tasks) queued on the model's
 batcher with the request's deadline (503 timeout), and its answer. Errors are the
 service.errors types (a bad input: heads.rows.InvalidInput), whoever the caller is.
 
@@ -51,14 +51,6 @@ from service.settings import Settings
 TextInput = str | tuple[str, str]
 
 
-def _dense(package: ModelPackage) -> bool:
-    return not package.sparse
-
-
-def _sparse(package: ModelPackage) -> bool:
-    return package.sparse
-
-
 class Call:
     """One caller's request through the engine: its deadline (event loop clock), how it waits
     for the answer, what it used (the model and the job, once chosen) and where its time went
@@ -69,6 +61,9 @@ class Call:
     # What its spans need (service.tracing.Traced), kept only while tracing is on (KeepsSpanTimes)
     enqueued = 0.0  # perf_counter() when its job was queued; 0.0: never
     inputs = 0
+    # Its rows share a batch with no other call's: its answers then depend on its own inputs
+    # alone, run after run (the offline batch command's calls; a server's calls mix).
+    alone = False
 
     def __init__(self, deadline: float, where: str = "this call") -> None:
         self.deadline = deadline
@@ -282,7 +277,7 @@ class Engine:
                 dimensions=dimensions,
             )
 
-        return self.run("embedding", model, items, job, call, accept=_dense)
+        return self.run("embedding", model, items, job, call)
 
     def embed_sparse(
         self,
@@ -309,7 +304,7 @@ class Engine:
                 truncation_direction=truncation_direction,
             )
 
-        return self.run("embedding", model, items, job, call, accept=_sparse)
+        return self.run("embedding", model, items, job, call, use="sparse-embedding")
 
     def fill_mask(
         self,
@@ -341,11 +336,14 @@ class Engine:
         truncate: bool = False,
         truncation_direction: str = "right",
         top_n: int | None = None,
+        max_tokens_per_doc: int | None = None,
+        allow_single_text: bool = False,
         call: Call | None = None,
     ) -> Awaitable[list[dict[str, Any]]]:
         """Per document `{index, score}` (and `window`, the best window's character span, when
         a long document was scored by windows), best first, at most top_n; the model is a
-        classification package of a cross-encoder (heads.tasks.rerank)."""
+        classification package of a cross-encoder (heads.tasks.rerank), one that reads single
+        texts only with `allow_single_text` (service.selection)."""
         items = list(documents)
         return self.run(
             "classification",
@@ -359,9 +357,12 @@ class Engine:
                 truncate=truncate,
                 truncation_direction=truncation_direction,
                 top_n=top_n,
+                max_tokens_per_doc=max_tokens_per_doc,
             ),
             call,
+            use="rerank",
             field="documents",
+            allow_single_text=allow_single_text,
         )
 
     def zero_shot(
@@ -372,10 +373,12 @@ class Engine:
         model: str | None = None,
         hypothesis_template: str = zero_shot.DEFAULT_TEMPLATE,
         multi_label: bool = False,
+        allow_single_text: bool = False,
         call: Call | None = None,
     ) -> Awaitable[list[dict[str, Any]]]:
         """Per text `{sequence, labels, scores}`, best first, from an NLI classification
-        package: every (text, label) pair of the request is one row (heads.tasks.zero_shot)."""
+        package: every (text, label) pair of the request is one row (heads.tasks.zero_shot);
+        one that reads single texts only with `allow_single_text` (service.selection)."""
         items, labels = list(sequences), list(candidate_labels)
         self.check_sizes(labels)
         return self.run(
@@ -390,6 +393,8 @@ class Engine:
                 multi_label=multi_label,
             ),
             call,
+            use="zero-shot",
+            allow_single_text=allow_single_text,
         )
 
     def tokenize(
@@ -438,22 +443,25 @@ class Engine:
         inputs: list[Any],
         make_job: Callable[[ModelPackage], Job],
         call: Call | None = None,
-        accept: Callable[[ModelPackage], bool] | None = None,
+        use: str | None = None,
         field: str = "inputs",
+        allow_single_text: bool = False,
     ) -> Any:
         """The answer of the job `make_job` builds for the chosen model (see the module
-        docstring for the steps and their errors)."""
+        docstring for the steps and their errors). `use`: the request task when it is not
+        `task` itself (heads.contract.REQUEST_TASKS: rerank, zero-shot, sparse-embedding)."""
         if call is None:  # (an Inference is a Mapping: `or` would ask its length)
             call = self.call()
         registry = self.registry
         registry.check_accepting()
         registry.admission.acquire()
         try:
-            model = registry.select(task, name, call.where, accept)
+            model = registry.select(use or task, name, call.where, allow_single_text)
             call.chose(model, task or model.package.task, len(inputs))
             self.check_sizes(inputs, field)
             job = call.job = make_job(model.package)
-            return await call.wait(model.batcher.enqueue(job, call.deadline, call.timing))
+            answer = model.batcher.enqueue(job, call.deadline, call.timing, call.alone)
+            return await call.wait(answer)
         finally:
             registry.admission.release()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -77,6 +78,10 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
             msg = "expected a JSON object"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling against /docs)"
+        elif isinstance(err.get("input"), float) and not math.isfinite(err["input"]):
+            # what a number past a double's range (1e400) reads as; NaN literals are refused
+            # before (service.routes.inference.not_strict_json)
+            msg = "the number is out of range (past a double's, like 1e400); send a finite number"
         else:
             msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(f"{path or 'body'}: {msg}")

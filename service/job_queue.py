@@ -148,6 +148,9 @@ class Queued:
     nonfinite: bool = False  # a row's outputs hold a NaN or an infinity
     timer: asyncio.TimerHandle | None = None
     timing: Timing = field(default_factory=Timing)  # the caller's, when it keeps one
+    # Its rows share a batch with no other job's (offline batch runs: a job's answers then
+    # depend on its own rows alone, run after run; see next_batch).
+    alone: bool = False
     # perf_counter() when queued: the queue wait's start. Not loop.time(): uvloop's is the
     # loop iteration's cached millisecond clock, and made x-queue-time up to a ms off (a
     # request's stages then added up to more than its x-total-time).
@@ -184,9 +187,11 @@ class JobQueue:
         deadline: float,
         loop: asyncio.AbstractEventLoop,
         timing: Timing | None = None,
+        alone: bool = False,
     ) -> Queued:
-        """Queue `job` until `deadline` (event loop clock); `timing` gets its stages' times."""
-        request = Queued(job, deadline, loop.time(), loop.create_future())
+        """Queue `job` until `deadline` (event loop clock); `timing` gets its stages' times;
+        `alone`: its rows are batched with each other only."""
+        request = Queued(job, deadline, loop.time(), loop.create_future(), alone=alone)
         if timing is not None:
             request.timing = timing
         request.timer = loop.call_at(deadline, self._expire, request)
@@ -223,11 +228,21 @@ class JobQueue:
 
     def next_batch(self) -> list[tuple[Queued, int]]:
         """Take the next batch out of the queue (`next_batch` over a window of the oldest live
-        rows); the rest of the window goes back in front, in order."""
+        rows); the rest of the window goes back in front, in order. The rows of a job queued
+        `alone` share a batch only with each other."""
         window: list[tuple[Queued, int]] = []
-        while self._rows and len(window) < WINDOW_FACTOR * self.max_batch_size:
+        apart: list[tuple[Queued, int]] = []  # rows of `alone` jobs kept out of this window
+        oldest: Queued | None = None
+        while self._rows and len(window) + len(apart) < WINDOW_FACTOR * self.max_batch_size:
             request, i = self._rows.popleft()
             if request.future.done():
+                continue
+            if oldest is None:
+                oldest = request
+            elif (request.alone or oldest.alone) and request is not oldest:
+                apart.append((request, i))
+                if oldest.alone:  # its rows are all in the window: it is batched alone
+                    break
                 continue
             window.append((request, i))
         if not window:  # the queue held only finished requests' rows: none is queued
@@ -236,7 +251,8 @@ class JobQueue:
         lengths = [len(request.rows[i]) for request, i in window]  # window[0]: the oldest
         picked = next_batch(lengths, self.max_batch_tokens, self.max_batch_size, self.pad_limit)
         chosen = set(picked)
-        self._rows.extendleft(reversed([window[k] for k in range(len(window)) if k not in chosen]))
+        rest = [window[k] for k in range(len(window)) if k not in chosen]
+        self._rows.extendleft(reversed(rest + apart))  # apart: behind the window's rest
         batch = [window[k] for k in picked]
         for request, _ in batch:
             request.queued -= 1

@@ -10,6 +10,7 @@ Errors raised before a model is chosen (bad JSON, unknown model) are counted wit
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -20,6 +21,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 
 PREFIX = "bert_heads"
 STAGES = ("tokenization", "queue_wait", "inference", "postprocess")
@@ -41,10 +43,10 @@ FAILURE_REASONS = (
     "internal",
 )
 ENDPOINTS_BY_TASK = {
-    "classification": ("/classify", "/zero-shot", "/rerank", "/v1/rerank"),
+    "classification": ("/classify", "/zero-shot", "/rerank", "/v1/rerank", "/v2/rerank"),
     "token-classification": ("/ner",),
     "question-answering": ("/qa",),
-    "embedding": ("/embed", "/v1/embeddings"),
+    "embedding": ("/embed", "/v1/embeddings", "/similarity"),
     "fill-mask": ("/fill-mask",),
 }
 SPARSE_ENDPOINTS = ("/embed_sparse",)  # an embedding package with a sparse pooling
@@ -162,6 +164,8 @@ class Metrics:
         for reason in FAILURE_REASONS:
             self.failures.labels("", "", reason)
         self._answered: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}
+        # With --workers: the parent's count of replacements per worker (service.workers)
+        self.worker_restarts: Sequence[int] | None = None
 
     def add_model(self, model: str, task: str) -> ModelMetrics:
         """Create every series of `model` at zero and return the batcher's children."""
@@ -205,5 +209,27 @@ class Metrics:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # --workers: every worker's samples
             merged = CollectorRegistry()
             multiprocess.MultiProcessCollector(merged)
+            if self.worker_restarts is not None:
+                merged.register(WorkerRestarts(self.worker_restarts))
             return generate_latest(merged)
         return generate_latest(self.registry)
+
+
+class WorkerRestarts:
+    """`bert_heads_worker_restarts_total{worker}`: how many times the parent of --workers
+    replaced the worker in each slot. The count lives in the parent (shared memory every
+    worker reads at scrape time), so it is the same whichever worker answers and outlives
+    the workers it counts; like any counter it starts again at 0 when the parent does."""
+
+    def __init__(self, counts: Sequence[int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_worker_restarts",
+            "Workers replaced after they died, by worker slot (--workers).",
+            labels=["worker"],
+        )
+        for slot, count in enumerate(self.counts[:]):
+            family.add_metric([str(slot)], count)
+        yield family

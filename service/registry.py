@@ -3,7 +3,8 @@ and say whether the whole is ready.
 
 Readiness policy (GET /ready):
 - 503 `loading` until every package has been tried (read, session created, warmed up), by
-  every worker process with --workers;
+  every worker process with --workers (at start: a worker replaced later does not hold /ready
+  back while the others serve, and gets no connection until it has loaded);
 - 503 `draining` from the moment shutdown starts;
 - 503 `empty` when model_dir holds no package;
 - 503 `degraded` when a package failed to load, unless `allow_partial` is set, then 200 as long
@@ -21,16 +22,15 @@ import gc
 import hashlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.sharedctypes import SynchronizedArray
+from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from pathlib import Path
 from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-from heads.contract import MANIFEST, OUTPUT_NAMES
-from heads.package import ModelPackage, find_packages, read_package
+from heads.contract import MANIFEST, OUTPUT_NAMES, REQUEST_TASKS
+from heads.package import ModelPackage, read_package
 from heads.rows import encode, forget, load_package_tokenizer, pad_id, row, template
 from service.batcher import Batcher, pad
 from service.errors import InputError, ModelNotFound, NotReady
@@ -38,6 +38,7 @@ from service.job_queue import Admission
 from service.malloc import give_back_free_memory
 from service.metrics import Metrics
 from service.runtime import Backend, open_backend, warm_up
+from service.selection import check_named, choose, none_loaded, package_folders, unfit
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -125,16 +126,21 @@ def fingerprint(folder: Path) -> str | None:
 
 @dataclass
 class LoadFlags:
-    """One byte per worker, shared: set once that worker has tried all its packages."""
+    """Shared by the worker processes: one byte per worker, set once it has tried all its
+    packages (the parent clears it when it replaces that worker), and `started`, set once
+    every worker had (the service's first start is over)."""
 
     flags: SynchronizedArray[Any]
     index: int
+    started: Synchronized[Any]
 
     def mark_loaded(self) -> None:
         self.flags[self.index] = 1
+        if all(self.flags[:]):
+            self.started.value = 1
 
     def all_loaded(self) -> bool:
-        return all(self.flags[:])
+        return bool(self.started.value) or all(self.flags[:])
 
 
 class Registry:
@@ -182,14 +188,12 @@ class Registry:
             self.load_flags.mark_loaded()
         ready = sum(e.state == "ready" for e in self.entries)
         log.info("%d of %d packages ready", ready, len(self.entries))
+        self.check_defaults()
 
     def packages(self) -> list[tuple[Path, str]]:
         """(folder, served name) of each package: model_dir's sub-folders under their names,
         or model_dir itself when it is one package (under model_name, else its name)."""
-        model_dir = self.settings.model_dir
-        if (model_dir / MANIFEST).is_file():
-            return [(model_dir, self.settings.model_name or model_dir.resolve().name)]
-        return [(p, p.name) for p in find_packages(model_dir)]
+        return package_folders(self.settings.model_dir, self.settings.model_name)
 
     def _open(self, path: Path, name: str) -> LoadedModel:
         """Blocking part of loading (runs in a thread): read, verify, open, warm up."""
@@ -283,6 +287,7 @@ class Registry:
             log.info("%s: version %s serving", name, opened.version)
             if old is not None:
                 self._retire(old)
+            self.check_defaults()
             return entry
 
     def _add(self, entry: Entry) -> None:
@@ -300,6 +305,7 @@ class Registry:
             if entry.model is not None:
                 self._retire(entry.model)
             log.info("%s: unloaded", name)
+            self.check_defaults()
 
     def _retire(self, model: LoadedModel) -> None:
         task = asyncio.create_task(self._drain_and_close(model), name=f"retire-{model.name}")
@@ -367,15 +373,12 @@ class Registry:
             )
 
     def select(
-        self,
-        task: str | None,
-        name: str | None,
-        endpoint: str,
-        accept: Callable[[ModelPackage], bool] | None = None,
+        self, use: str | None, name: str | None, endpoint: str, allow_single_text: bool = False
     ) -> LoadedModel:
-        """The model for a request: `name` if given, else the only ready model of `task`
-        (None: of any task, for what every package serves: /tokenize, /decode) that `accept`
-        takes (/embed and /embed_sparse: dense or sparse embedding packages)."""
+        """The model for a request of request task `use` (heads.contract.REQUEST_TASKS; None:
+        any package, for what every package serves: /tokenize, /decode): `name` if given, else
+        the one model that can answer, or the task's default (service.selection)."""
+        task = REQUEST_TASKS[use] if use is not None else None
         if name is not None:
             entry = next((e for e in self.entries if e.name == name), None)
             if entry is None:
@@ -388,27 +391,36 @@ class Registry:
                 raise InputError(
                     f"model {name!r} is for {entry.task}; {endpoint} needs a {task} model"
                 )
+            if use is not None:
+                check_named(entry.model.package, use, endpoint, allow_single_text)
             return entry.model
-        candidates = [
-            e.model
-            for e in self.entries
-            if task in (None, e.task)
-            and e.model is not None
-            and (accept is None or accept(e.model.package))
-        ]
-        kind = f"{task} models" if task else "models"
-        if len(candidates) == 1:
-            return candidates[0]
-        if candidates:
-            names = ", ".join(m.name for m in candidates)
-            raise InputError(f"several {kind} are loaded ({names}); name one in 'model'")
+        ready = [e.model for e in self.entries if e.model is not None]
+        if use is not None:
+            chosen = choose(ready, use, self.settings.default_model.get(use))
+        elif len(ready) > 1:
+            names = ", ".join(m.name for m in ready)
+            raise InputError(f"several models are loaded ({names}); name one in 'model'")
+        else:
+            chosen = ready[0] if ready else None
+        if chosen is not None:
+            return chosen
         if not self.loaded.is_set():
             raise NotReady("models are still loading")
-        other = [e.name for e in self.entries if task in (None, e.task) and e.model is not None]
-        if other:  # of the task, but refused by `accept`: a dense model for /embed_sparse
-            raise ModelNotFound(
-                f"no {kind.removesuffix('s')} that {endpoint} serves is loaded ("
-                f"{', '.join(other)} {'is' if len(other) == 1 else 'are'} for other endpoints: "
-                "GET /models lists each model's endpoints)"
-            )
-        raise ModelNotFound(f"no {task or ''} model is loaded; GET /models lists what is")
+        raise ModelNotFound(none_loaded(ready, use, endpoint))
+
+    def check_defaults(self) -> None:
+        """Warn of a configured default (--default-model) that does not answer its task now:
+        failed to load, unloaded, or reloaded as another kind. Requests that name no model
+        then get the next rule's choice (service.selection)."""
+        ready = {e.name: e.model for e in self.entries if e.model is not None}
+        for use, name in self.settings.default_model.items():
+            model = ready.get(name)
+            why = "it is not loaded" if model is None else unfit(model.package, use)
+            if why:
+                log.warning(
+                    "default model %s for %s does not answer (%s): requests that name no "
+                    "model get the next rule's choice",
+                    name,
+                    use,
+                    why,
+                )

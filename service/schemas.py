@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidatorFunctionWrapHandler,
@@ -97,6 +98,18 @@ def _texts(allow_pairs: bool) -> WrapValidator:
 # Bounds on token counts: far above any model window, low enough that no arithmetic overflows.
 MAX_TOKENS = 100_000
 
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field: 3, or 3.0 (JSON has one number type, and JSON Schema's "integer" takes 3.0,
+# so a client or generator that writes 3.0 means 3); never 3.5, "3" or true (strict otherwise).
+# Bounds of an optional one go before it, `Annotated[int, Field(ge=1), INTEGRAL] | None`: put
+# on the field, pydantic enforces them but writes "ge" into the schema, not "minimum".
+INTEGRAL = BeforeValidator(_integral)
+JsonInt = Annotated[int, INTEGRAL]
+
 Text = Annotated[str, AfterValidator(_check_unicode)]
 # min_length only documents the rule in the OpenAPI schema; _texts enforces it (with its message).
 Texts = Annotated[str | Annotated[list[str], Field(min_length=1)], _texts(allow_pairs=False)]
@@ -106,6 +119,16 @@ TextsOrPairs = Annotated[
 ModelName = Annotated[
     str | None,
     Field(description="Which loaded package to use; optional when only one serves the task."),
+]
+
+
+AllowSingleText = Annotated[
+    bool,
+    Field(
+        description="Use a named model that reads single texts (package.json reads: single) "
+        "to score pairs anyway; without it such a model is refused (422), as it was not "
+        "trained on pairs.",
+    ),
 ]
 
 
@@ -136,13 +159,51 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class _HfBody(_Body):
+    """A task body that also takes the Hugging Face Inference API's form, `{"inputs": ...,
+    "parameters": {...}}`, as huggingface_hub's InferenceClient sends it: each parameter is
+    moved to the route's own field of that name (one the route does not have is refused by
+    name, as is one given twice). `parameters` present, even empty, asks for the answer in the
+    shape the client parses (the route's docstring says which); without it, the native one."""
+
+    parameters: dict[str, Any] | None = Field(
+        default=None,
+        description="The Hugging Face Inference API form: this route's options by name; "
+        "its presence asks for the answer in the shape huggingface_hub's InferenceClient "
+        "parses.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_parameters(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
+            return data
+        own = sorted(set(cls.model_fields) - {"inputs", "parameters", "model"})
+        out = {**data, "parameters": {}}
+        for key, value in data["parameters"].items():
+            if key not in own:
+                raise PydanticCustomError(
+                    "hf_parameter",
+                    "parameters.{key}: not a parameter of this route (it takes {own})",
+                    {"key": key, "own": ", ".join(own)},
+                )
+            if key in data:
+                raise PydanticCustomError(
+                    "hf_parameter",
+                    "{key} is given twice, in the body and in parameters; send it once",
+                    {"key": key},
+                )
+            out[key] = value
+        return out
+
+
 # -- requests ----------------------------------------------------------------------------------
 
 
-class ClassifyRequest(_Body):
+class ClassifyRequest(_HfBody):
     inputs: TextsOrPairs = Field(description="A text, a list of texts, or [a, b] pairs (NLI).")
-    top_k: int | None = Field(
-        default=1, ge=1, le=10_000, description="Labels per input, best first; null = all."
+    top_k: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = Field(
+        default=1, description="Labels per input, best first; null = all."
     )
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         default=None, description="Default by the package's problem type: softmax, sigmoid or none."
@@ -154,25 +215,29 @@ class ClassifyRequest(_Body):
     model: ModelName = None
 
 
-class NerRequest(_Body):
+class NerRequest(_HfBody):
     inputs: Texts
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
     ignore_labels: list[Text] | None = Field(
         default=None, description='Labels to leave out; default ["O"].'
     )
-    stride: int | None = Field(
+    stride: Annotated[int, Field(ge=0, le=MAX_TOKENS), INTEGRAL] | None = Field(
         default=None,
-        ge=0,
-        le=MAX_TOKENS,
         description="Tokens shared by consecutive windows of a long text; default a quarter "
         "of the window.",
     )
     model: ModelName = None
 
 
+# A QA text has a token to read: the schema says so (a character that is neither a space nor
+# a control character); heads.tasks.qa refuses one with no token (the model's tokenizer decides).
+QA_TEXT: JsonDict = {"minLength": 1, "pattern": "[^\\s\\x00-\\x1f\\x7f-\\x9f]"}
+QaText = Annotated[Text, Field(json_schema_extra=QA_TEXT)]
+
+
 class QaInput(_Body):
-    question: Text
-    context: Text
+    question: QaText
+    context: QaText
 
 
 _STRING: JsonDict = {"type": "string"}
@@ -197,30 +262,28 @@ _QA_FORMS: JsonDict = {
 }
 
 
-class QaRequest(_Body):
+class QaRequest(_HfBody):
     model_config = ConfigDict(json_schema_extra=_QA_FORMS)
 
-    question: Text | None = None
-    context: Text | None = None
+    question: QaText | None = None
+    context: QaText | None = None
     inputs: list[QaInput] | None = Field(
         default=None,
         description="Instead of question/context: a list of them (or one {question, context} "
         "object, the Hugging Face Inference API form, answered like question/context).",
     )
-    top_k: int = Field(
+    top_k: JsonInt = Field(
         default=1, ge=1, le=100, description="Answers per input; > 1 answers a list."
     )
-    max_answer_len: int = Field(
+    max_answer_len: JsonInt = Field(
         default=15, ge=1, le=MAX_TOKENS, description="Longest answer in tokens."
     )
-    doc_stride: int | None = Field(
+    doc_stride: Annotated[int, Field(ge=0, le=MAX_TOKENS), INTEGRAL] | None = Field(
         default=None,
-        ge=0,
-        le=MAX_TOKENS,
         description="Tokens shared by consecutive context windows; default "
         "min(128, max_seq_len / 2).",
     )
-    max_seq_len: int = Field(
+    max_seq_len: JsonInt = Field(
         default=384,
         ge=4,
         le=MAX_TOKENS,
@@ -257,7 +320,7 @@ class EmbedRequest(_Body):
     normalize: bool | None = Field(
         default=None, description="L2-normalise; default the package's choice (true)."
     )
-    layers: Annotated[list[int], Field(min_length=1, max_length=256)] | None = Field(
+    layers: Annotated[list[JsonInt], Field(min_length=1, max_length=256)] | None = Field(
         default=None,
         description="Hidden states to read, -1 the last layer, 0 the embeddings output "
         "(e.g. [-1, -2, -3, -4]); needs a package exported with --hidden-states. "
@@ -275,10 +338,8 @@ class EmbedRequest(_Body):
         default=True, description="Cut inputs to the model window; false = 422 instead."
     )
     truncation_direction: TruncationDirection = "right"
-    dimensions: int | None = Field(
+    dimensions: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = Field(
         default=None,
-        ge=1,
-        le=MAX_TOKENS,
         description="Keep the first D values of each vector (Matryoshka), normalised after "
         "the cut when the vectors are normalised; at most the model's size.",
     )
@@ -305,10 +366,15 @@ class SparseValue(BaseModel):
     token: str | None = None
 
 
-class FillMaskRequest(_Body):
+# The schema states these; the task refuses them with its own message (one place for the rule).
+NonEmptyText = Annotated[Text, Field(json_schema_extra={"minLength": 1})]
+LabelList = Annotated[Text, Field(json_schema_extra={"pattern": "[^,\\s]"})]  # a label in it
+
+
+class FillMaskRequest(_HfBody):
     inputs: Texts = Field(description="Texts with the model's mask token ([MASK], <mask>).")
-    top_k: int = Field(default=5, ge=1, le=1000, description="Fillers per mask, best first.")
-    targets: Text | Annotated[list[Text], Field(min_length=1)] | None = Field(
+    top_k: JsonInt = Field(default=5, ge=1, le=1000, description="Fillers per mask, best first.")
+    targets: NonEmptyText | Annotated[list[Text], Field(min_length=1)] | None = Field(
         default=None,
         description="Score only these words (a word that is several tokens: its first token).",
     )
@@ -322,9 +388,9 @@ class Filler(BaseModel):
     sequence: str
 
 
-class ZeroShotRequest(_Body):
+class ZeroShotRequest(_HfBody):
     inputs: Texts
-    candidate_labels: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+    candidate_labels: LabelList | Annotated[list[Text], Field(min_length=1)] = Field(
         description="The labels to choose from: a list, or one comma-separated string."
     )
     hypothesis_template: Text = Field(
@@ -336,6 +402,7 @@ class ZeroShotRequest(_Body):
         "softmaxing the labels against each other.",
     )
     model: ModelName = None
+    allow_single_text: AllowSingleText = False
 
 
 class ZeroShotAnswer(BaseModel):
@@ -359,6 +426,7 @@ class RerankRequest(_Body):
     )
     return_text: bool = Field(default=False, description="Put each document's text in.")
     model: ModelName = None
+    allow_single_text: AllowSingleText = False
 
 
 class RerankDocument(_Body):
@@ -370,8 +438,49 @@ class OpenRerankRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     query: Text
     documents: Annotated[list[Text | RerankDocument], Field(min_length=1)]
-    top_n: int | None = Field(default=None, ge=1, description="The best N; default all.")
+    top_n: Annotated[int, Field(ge=1), INTEGRAL] | None = Field(
+        default=None, description="The best N; default all."
+    )
     return_documents: bool = False
+    model: ModelName = None
+    allow_single_text: AllowSingleText = False
+
+
+class CohereRerankRequest(BaseModel):
+    """Cohere's v2 rerank request (ClientV2.rerank): documents are strings, `model` is
+    required by Cohere's API but optional here (the default reranker answers)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    query: Text
+    documents: Annotated[list[Text], Field(min_length=1)]
+    top_n: Annotated[int, Field(ge=1), INTEGRAL] | None = Field(
+        default=None, description="The best N; default all."
+    )
+    max_tokens_per_doc: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = Field(
+        default=None,
+        description="Read each document's first N tokens only (Cohere's default: 4096); "
+        "what remains past the model's window is scored by windows, best window wins.",
+    )
+    model: ModelName = None
+    allow_single_text: AllowSingleText = False
+
+
+class SimilarityInputs(_Body):
+    source_sentence: Text
+    sentences: Annotated[list[Text], Field(min_length=1)]
+
+
+class SimilarityParameters(_Body):
+    truncate: bool = Field(default=True, description="Cut texts longer than the window.")
+    truncation_direction: TruncationDirection = "right"
+    prompt_name: PromptName = None
+
+
+class SimilarityRequest(_Body):
+    """text-embeddings-inference's /similarity (huggingface_hub's sentence_similarity)."""
+
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
     model: ModelName = None
 
 
@@ -384,7 +493,9 @@ class TokenizeRequest(_Body):
     model: ModelName = None
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=0, max_length=MAX_TOKENS)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0), INTEGRAL]], Field(min_length=0, max_length=MAX_TOKENS)
+]
 
 
 def _check_token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -404,7 +515,7 @@ def _check_token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
                 {"where": f"item {i}" if nested else "the list", "n": len(row), "most": MAX_TOKENS},
             )  # fmt: skip
         for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            if isinstance(x, bool) or not isinstance(_integral(x), int) or x < 0:
                 where = f"item [{i}][{j}]" if nested else f"item {j}"
                 raise PydanticCustomError(
                     "ids", "{where} is {got}: a token id is an integer of at least 0",
@@ -421,16 +532,33 @@ class DecodeRequest(_Body):
     model: ModelName = None
 
 
+TOKEN_ID_INPUT = (
+    "input holds token ids: send the texts themselves (this server tokenizes with the model's "
+    "own tokenizer). LangChain's OpenAIEmbeddings sends ids unless created with "
+    "check_embedding_ctx_length=False"
+)
+
+
+def _no_token_ids(value: Any) -> Any:
+    """Token-id input (OpenAI's list of ints, or of int lists) refused with what to change:
+    ids counted by another tokenizer (tiktoken's, LangChain's default) mean nothing here."""
+    if isinstance(value, list) and value:
+        first = value[0]
+        if (isinstance(first, int) and not isinstance(first, bool)) or (
+            isinstance(first, list) and first and isinstance(first[0], int)
+        ):
+            raise PydanticCustomError("token_ids", TOKEN_ID_INPUT, {})
+    return value
+
+
 class OpenAIEmbeddingRequest(BaseModel):
     # OpenAI clients send fields we have no use for
     model_config = ConfigDict(extra="ignore", strict=True)
-    input: Texts
+    input: Annotated[Texts, BeforeValidator(_no_token_ids)]
     model: ModelName = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(
+    dimensions: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = Field(
         default=None,
-        ge=1,
-        le=MAX_TOKENS,
         description="Keep the first D values of each vector (Matryoshka), normalised after "
         "the cut; at most the model's size.",
     )
@@ -519,6 +647,29 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="When it was loaded (Unix time).")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
+class CohereRerankResult(BaseModel):
+    index: int
+    relevance_score: float
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    results: list[CohereRerankResult]
+    meta: dict[str, Any]
+
+
 class OpenAIEmbeddingResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[OpenAIEmbedding]
@@ -570,7 +721,17 @@ class ModelInfo(BaseModel):
         default=None, description="Why a newer version did not load; this version serves on."
     )
     task: str | None = None
+    default_for: list[str] | None = Field(
+        default=None,
+        description="The request tasks this model answers when a request names no model "
+        "(GET /models `defaults`).",
+    )
     labels: list[str] | None = None
+    reads: Literal["single", "pairs", "unknown"] | None = Field(
+        default=None,
+        description="Classification: what the model was trained to read, single texts or "
+        "pairs (package.json `reads`); unknown for a package exported before it was recorded.",
+    )
     problem_type: str | None = None
     pooling: str | None = None
     normalize: bool | None = None
@@ -603,6 +764,11 @@ class ModelInfo(BaseModel):
 
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
+    defaults: dict[str, str] = Field(
+        default_factory=dict,
+        description="request task (classification, rerank, zero-shot, ...) -> the model a "
+        "request that names none gets: the only one that can answer, or the default.",
+    )
     limits: Limits
 
 

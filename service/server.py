@@ -11,10 +11,13 @@ import math
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.app import create_app
 from service.malloc import keep_large_blocks_mapped
@@ -25,10 +28,11 @@ SETTLE_SECONDS = 0.1  # at shutdown, for requests on connections already accepte
 
 
 class Inbox:
-    """A worker's connections, dealt by the parent (service.workers.Dealer) over a Unix
+    """A worker's connections, dealt by the parent (service.dealer.Dealer) over a Unix
     socket pair: each message carries one accepted socket. `on_close` is called as each
     connection closes, so that the parent deals the next to the least busy worker. Closing
-    the inbox tells the parent this worker takes no more."""
+    the inbox tells the parent this worker takes no more; the parent's end closing (it died)
+    stops the worker as SIGTERM does."""
 
     def __init__(self, channel: socket.socket, on_close: Callable[[], None]) -> None:
         self.channel, self.on_close = channel, on_close
@@ -59,8 +63,10 @@ class Inbox:
                 return
             except OSError:
                 data, fds = b"", []
-            if not data and not fds:  # the parent is gone
+            if not data and not fds:  # the parent is gone: no more connections, drain
                 self.close()
+                if self._server is not None:
+                    self._server.handle_exit(signal.SIGTERM, None)
                 return
             for fd in fds:
                 conn = socket.socket(fileno=fd)
@@ -79,6 +85,47 @@ class Inbox:
         if self.channel.fileno() != -1:
             asyncio.get_running_loop().remove_reader(self.channel.fileno())
             self.channel.close()
+
+
+class Shed:
+    """The connections a worker gives up when the parent asks (service.workers: a replacement
+    has loaded and this worker holds more than its share): the next `asked - done` responses
+    say `Connection: close`, so their clients reconnect, and the parent deals those
+    connections to the least busy worker. Closing after a response, never an idle
+    connection, leaves no request on its way to a closed socket. `asked` is written by the
+    parent, `done` by this worker alone (shared arrays, one slot per worker)."""
+
+    def __init__(self, asked: Any, done: Any, index: int) -> None:
+        self.asked, self.done, self.index = asked, done, index
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        async def shedding(scope: Scope, receive: Receive, send: Send) -> None:
+            i = self.index
+            if scope["type"] != "http" or self.done[i] >= self.asked[i]:
+                return await app(scope, receive, send)
+            self.done[i] += 1
+
+            async def closing(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    headers = [*message.get("headers", []), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+                await send(message)
+
+            await app(scope, receive, closing)
+
+        return shedding
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """What a worker of several shares with its parent (service.workers): the connections it
+    is dealt, the load flags /ready reads, the parent's restart counts /metrics shows, and the
+    connections it is asked to give up."""
+
+    inbox: Inbox
+    load_flags: LoadFlags
+    restarts: Sequence[int]
+    shed: Shed
 
 
 class DrainingServer(uvicorn.Server):
@@ -136,11 +183,9 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(
-    settings: Settings, inbox: Inbox | None = None, load_flags: LoadFlags | None = None
-) -> None:
-    """One server process: on settings.host:port, or on what `inbox` brings (a worker of
-    several)."""
+def serve(settings: Settings, worker: WorkerLink | None = None) -> None:
+    """One server process: on settings.host:port, or, as a worker of several, on the
+    connections its parent deals it."""
     keep_large_blocks_mapped()  # reloads give their memory back (service/malloc.py)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -148,12 +193,17 @@ def serve(
         stream=sys.stderr,
     )
     app = create_app(settings)
-    app.state.registry.load_flags = load_flags
+    served: ASGIApp = app
+    if worker is not None:
+        app.state.registry.load_flags = worker.load_flags
+        app.state.metrics.worker_restarts = worker.restarts
+        served = worker.shed.wrap(app)
     config = uvicorn.Config(
-        app,
+        served,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
     )
+    inbox = worker.inbox if worker is not None else None
     DrainingServer(config, app.state.registry, settings.drain_timeout, inbox).run()

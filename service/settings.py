@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.keys import parse_keys
+from service.selection import check_defaults, parse_defaults
 
 # What tracing (service.tracing) imports; checked with the setting, so that a missing package
 # stops the start with the command that installs it.
@@ -39,6 +40,13 @@ class Settings(BaseSettings):
         default=None,
         description="When model_dir is one package folder: the name it is served under "
         "(KServe passes the InferenceService's); default the folder's name.",
+    )
+    default_model: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="TASK=NAME (repeat the flag, or comma-separate in the variable): the model "
+        "a request that names none gets when several could answer it (tasks: classification, "
+        "rerank, zero-shot, embedding, ...); beats a package's own default_for. Checked at "
+        "start: NAME must be a package of model_dir that answers TASK.",
     )
     host: str = Field(
         default="127.0.0.1",
@@ -106,7 +114,8 @@ class Settings(BaseSettings):
         description="Server processes sharing the port, each with its own event loop and "
         "sessions and, unless intra_op_threads is set, its share of the cores: more use a "
         "many-core host when one event loop is the limit; each holds every model again "
-        "(memory x workers). /metrics sums them all.",
+        "(memory x workers). /metrics sums them all. A worker that dies is replaced; 5 deaths "
+        "of one within a minute stop the server.",
     )
     intra_op_threads: int = Field(
         default=0,
@@ -153,8 +162,9 @@ class Settings(BaseSettings):
     # Access and operations
     api_key: SecretStr | None = Field(
         default=None,
-        description="When set, every route except /health and /ready needs "
-        "'Authorization: Bearer <key>'; several keys separated by commas are each accepted "
+        description="When set, every route except the probes (/health, /ready, /v2/health/*, "
+        "/v2) needs 'Authorization: Bearer <key>', /metrics and the docs too unless "
+        "metrics_public / docs_public; several keys separated by commas are each accepted "
         "(rotation); unset or empty = open (put it behind a trusted network).",
     )
     api_keys_file: Path | None = Field(
@@ -178,10 +188,19 @@ class Settings(BaseSettings):
         description="model_control poll: seconds between looks at model_dir; a folder loads "
         "once unchanged for one interval.",
     )
-    protect_metrics: bool = Field(
+    metrics_public: bool = Field(
         default=False,
-        description="Require the API key on /metrics too; off lets a Prometheus scraper in "
-        "without the key.",
+        description="Serve /metrics without the API key when one is set: a Prometheus that "
+        "cannot send the key (pod annotations) scrapes it, and so can anyone who reaches the "
+        "port (model names, traffic, latencies; no request content). Off: send the key "
+        "(Prometheus authorization.credentials_file).",
+    )
+    docs_public: bool = Field(
+        default=False,
+        description="Serve /docs, /redoc and /openapi.json without the API key when one is "
+        "set: a browser, which cannot send the key, opens the docs, and so can anyone who "
+        "reaches the port (every endpoint and its limits). Off: clients that hold the key "
+        "fetch /openapi.json with it.",
     )
     drain_timeout: float = Field(
         default=30.0,
@@ -250,6 +269,18 @@ class Settings(BaseSettings):
         if admin & keys:
             raise ValueError("admin_key must not also be an inference key (api_key)")
         return self
+
+    @field_validator("default_model", mode="before")
+    @classmethod
+    def _parse_default_model(cls, value: object) -> object:
+        return parse_defaults(value)
+
+    @field_validator("default_model")
+    @classmethod
+    def _default_model_is_served(cls, value: dict[str, str], info: ValidationInfo) -> object:
+        if value and "model_dir" in info.data:  # else model_dir's own error is the one to fix
+            check_defaults(value, info.data["model_dir"], info.data.get("model_name"))
+        return value
 
     @field_validator("cors_origins", mode="before")
     @classmethod

@@ -1,8 +1,9 @@
-"""The README, run: so that it cannot drift from the server or the training commands again.
+"""The README and the docs, run: so that they cannot drift from the server or the training
+commands again.
 
-Every `curl` in a ```bash block of README.md is sent to a real server (uvicorn on a loopback
-port) holding tiny stand-in packages named as the defaults (`make models`). The answer the
-README shows under it, in this format,
+Every `curl` in a ```bash block of README.md and of docs/*.md (PAGES) is sent to a real server
+(uvicorn on a loopback port) holding tiny stand-in packages named as the defaults (`make
+models`). The answer a page shows under it, in this format,
 
     curl -s localhost:8080/qa -H 'content-type: application/json' -d '{...}'
     # → {"answer": "Lisbon", "score": 0.97, "start": 15, "end": 21}   (prose after it is free)
@@ -16,9 +17,11 @@ numbers and strings by type, but `error_type`, `object` and `status` strings and
 exactly. A Prometheus line (`curl .../metrics | grep NAME`) must match an output line
 with the same name and labels. A curl with no `# →` answer must get a 2xx.
 
-The training commands of the README (`.venv/bin/python -m training.X ...`) run in the order
-written, on the sample data under examples/data, with $MINILM the real encoder
-(slow-marked); `--time-budget` becomes two steps (OVERRIDES).
+The training commands of the pages (`.venv/bin/python -m training.X ...`) run in the order
+written (README.md, then docs/ by name), on the sample data under examples/data, with $MINILM
+the real encoder (slow-marked); `--time-budget` becomes two steps (OVERRIDES). Every route of
+the OpenAPI schema has an example (but EXEMPT_ROUTES), and every code fence of the pages is
+closed (docs/fences.py: the README once showed ~200 lines as code).
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ import pytest
 
 from demo.models import TASK_HEADS
 from demo.task_data import NLI_LABELS, RERANK_LABELS
+from docs.fences import FenceError, code_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]  # in the order training commands run
+README_MAX_LINES = 200  # the README is the front page; the rest belongs in docs/ (issue 47)
 DEFAULT_PACKAGES = {  # what `make models` builds (demo/models.py)
     "demo-sentiment": "classification",
     "demo-ner": "token-classification",
@@ -59,9 +65,11 @@ TASK_OF_ENDPOINT = {
     "/embed_sparse": "embedding",
     "/rerank": "classification",
     "/v1/rerank": "classification",
+    "/v2/rerank": "classification",
+    "/similarity": "embedding",
 }
 EXACT_STRINGS = {"error_type", "object", "status"}  # fixed by the API, not by the model
-# The `save_pretrained` folders the README's "BERT family" commands start from, and the packages
+# The `save_pretrained` folders the pages' "BERT family" commands start from (docs/models.md), and the packages
 # its curls name: tiny random stand-ins of the same family and head (tests/families.py).
 FAMILY_FOLDERS = {
     "roberta-squad2": ("roberta", "question-answering"),
@@ -73,17 +81,23 @@ ARROW = "# → "
 OVERRIDES = [(re.compile(r"--time-budget \S+"), "--steps 2")]
 
 
-# -- parsing the README --------------------------------------------------------------------------
+# -- parsing the pages ---------------------------------------------------------------------------
 
 
 @dataclass
 class Command:
     line: str  # the command, continuations joined
     answer: str | None  # the text after `# → `, continuation lines joined; None: no answer shown
+    page: str = ""  # the file it is in, relative to the repository
 
 
-def bash_blocks(text: str) -> list[str]:
-    return re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S)
+def name(page: Path) -> str:
+    return page.relative_to(REPO).as_posix()
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    """The code of `page`'s ```language blocks, read as CommonMark reads fences."""
+    return [b.code for b in code_blocks(page.read_text(), name(page)) if b.info == language]
 
 
 def commands(block: str) -> list[Command]:
@@ -110,12 +124,22 @@ def commands(block: str) -> list[Command]:
     return out
 
 
-def readme_commands() -> list[Command]:
-    return [c for b in bash_blocks(README.read_text()) for c in commands(b)]
+def page_commands(pages: list[Path] = PAGES) -> list[Command]:
+    out = []
+    for page in pages:
+        for block in blocks(page, "bash"):
+            for cmd in commands(block):
+                cmd.page = name(page)
+                out.append(cmd)
+    return out
 
 
-def curls() -> list[Command]:
-    return [c for c in readme_commands() if c.line.startswith("curl ")]
+def curls(pages: list[Path] = PAGES) -> list[Command]:
+    return [c for c in page_commands(pages) if c.line.startswith("curl ")]
+
+
+def example_id(cmd: Command) -> str:
+    return f"{cmd.page}:{parse_curl(cmd.line).path}"
 
 
 @dataclass
@@ -231,14 +255,14 @@ def check(actual: Any, expected: Any, where: str = "$", key: str | None = None) 
         assert not missing, f"{where}: missing keys {missing} (has {sorted(actual)})"
         if ANY not in expected:
             extra = sorted(set(actual) - set(keys))
-            assert not extra, f"{where}: keys the README does not show: {extra}"
+            assert not extra, f"{where}: keys the page does not show: {extra}"
         for k in keys:
             check(actual[k], expected[k], f"{where}.{k}", k)
     elif isinstance(expected, list):
         assert isinstance(actual, list), f"{where}: expected a list, got {actual!r:.80}"
         items = [e for e in expected if e != ANY]
         # How many entities NER finds, or how many vocabulary entries a sparse vector has, is
-        # the model's business, not the README's claim (the stand-ins are random).
+        # the model's business, not the page's claim (the stand-ins are random).
         entities = any(
             isinstance(e, dict) and ("entity_group" in e or {"index", "value"} <= e.keys())
             for e in items
@@ -316,7 +340,7 @@ def test_curl_parsing_handles_continuations_and_bodies():
     assert (req.method, req.path, json.loads(req.body)["question"]) == ("POST", "/qa", "Who?")
 
 
-# -- the README's curls against a real server -----------------------------------------------------
+# -- the pages' curls against a real server -------------------------------------------------------
 
 
 def _minilm_tokenizer() -> Any:
@@ -334,12 +358,14 @@ STAND_IN_LABELS = {
     "demo-reranker": RERANK_LABELS,
     "demo-nli": NLI_LABELS,
 }
+# The rerankers read pairs, as their packages say (an NLI model's labels say so themselves)
+STAND_IN_READS = {"reranker": "pairs", "demo-reranker": "pairs"}
 SPARSE_STAND_INS = ("splade",)  # /embed_sparse's: a masked LM exported with --pooling splade
 
 
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
     """Tiny packages named as the defaults, plus `extra` {name: task}. Extra embedding packages
-    get 4 layers and --hidden-states, for the README's feature-based example."""
+    get 4 layers and --hidden-states, for the feature-based example (docs/training.md)."""
     pytest.importorskip("torch")
     from benchmarks import tiny as packages
     from training.config import BertConfig
@@ -373,13 +399,13 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
                             num_hidden_layers=4, num_attention_heads=4, intermediate_size=37,
                             id2label=dict(enumerate(labels)) if labels else None)  # fmt: skip
         export_package(HEADS[task](config).eval(), task, folder / name, tokenizer=tok, name=name,
-                       max_seq_length=128, verbose=False,
+                       max_seq_length=128, verbose=False, reads=STAND_IN_READS.get(name),
                        hidden_states=task == "embedding")  # fmt: skip
     return folder
 
 
 def extra_packages() -> dict[str, str]:
-    """{name: task} of the packages the README's curls name beyond the defaults, but for the
+    """{name: task} of the packages the pages' curls name beyond the defaults, but for the
     ones an example shows answering 404 (an unknown model)."""
     extra = {}
     for cmd in curls():
@@ -409,14 +435,72 @@ def servers(tmp_path_factory):
         s.stop()
 
 
-def test_the_readme_shows_curls_with_answers():
+def test_the_pages_show_curls_with_answers():
     shown = [c for c in curls() if c.answer is not None]
-    assert len(shown) >= 10, "the README lost its examples"
+    assert len(shown) >= 10, "the pages lost their examples"
     endpoints = {parse_curl(c.line).path for c in curls()}
     assert {"/classify", "/ner", "/qa", "/embed", "/v1/embeddings", "/models"} <= endpoints
 
 
-@pytest.mark.parametrize("cmd", curls(), ids=lambda c: parse_curl(c.line).path)
+def test_the_readme_shows_one_answer_per_head():
+    shown = {parse_curl(c.line).path for c in curls([README]) if c.answer is not None}
+    assert {"/classify", "/ner", "/qa", "/embed"} <= shown, f"the README shows {sorted(shown)}"
+
+
+def test_the_readme_stays_short():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines: move detail to a page under docs/ and link it"
+    )
+
+
+# Routes shown otherwise than by a curl the test can send, and why.
+EXEMPT_ROUTES = {
+    ("POST", "/models/{name}/load"): "needs model control explicit and the admin key: a "
+    "console example in docs/operations.md",
+    ("POST", "/models/{name}/unload"): "as load",
+    ("GET", "/v2/models/{name}/versions/{version}"): "the route without /versions/{version}, "
+    "whose example shows the version (a build's hash)",
+    ("GET", "/v2/models/{name}/versions/{version}/ready"): "as above",
+    ("POST", "/v2/models/{name}/versions/{version}/infer"): "as above",
+}
+
+
+def test_every_route_has_an_example():
+    """Each route of the OpenAPI schema has a curl in a page (its path, with a value for each
+    `{parameter}`), but EXEMPT_ROUTES; an exemption must still name a route."""
+    from service.app import create_app
+    from service.settings import Settings
+
+    paths = create_app(Settings(model_dir=Path("models"))).openapi()["paths"]
+    routes = {(method.upper(), path) for path, ops in paths.items() for method in ops}
+    assert set(EXEMPT_ROUTES) <= routes, f"not routes: {set(EXEMPT_ROUTES) - routes}"
+    shown = {(r.method, r.path) for r in map(parse_curl, (c.line for c in curls()))}
+    missing = []
+    for method, path in sorted(routes - set(EXEMPT_ROUTES)):
+        pattern = re.compile(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)) + "$")
+        if not any(m == method and pattern.match(p) for m, p in shown):
+            missing.append(f"{method} {path}")
+    assert not missing, f"routes without a curl example in README.md or docs/: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=name)
+def test_every_code_fence_is_closed(page: Path):
+    code_blocks(page.read_text(), name(page))  # raises FenceError naming the line
+
+
+def test_the_fence_check_can_fail():
+    # README.md before issue 47: a closing fence with text after it closed nothing
+    broken = "```py\nclient.infer(...)\n``` `k8s/kserve` holds a `ServingRuntime`\n\n## Next\n"
+    with pytest.raises(FenceError, match="text after a closing fence"):
+        code_blocks(broken)
+    with pytest.raises(FenceError, match="never closed"):
+        code_blocks("intro\n\n```bash\nls\n")
+    [block] = code_blocks("- item\n\n    ```bash\n    ls \\\n      -l\n    ```\n")
+    assert (block.info, block.code) == ("bash", "ls \\\n  -l\n")
+
+
+@pytest.mark.parametrize("cmd", curls(), ids=example_id)
 def test_readme_curl(cmd: Command, servers):
     req = parse_curl(cmd.line)
     url = servers["extra" if requested_model(req) in extra_packages() else "default"]
@@ -445,17 +529,17 @@ def test_readme_python_runs(tmp_path):
     import asyncio
     import textwrap
 
-    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), flags=re.M | re.S)
-    assert blocks, "the README lost its engine example"
+    code_of = [code for page in PAGES for code in blocks(page, "python")]
+    assert code_of, "the pages lost their engine example"
     models = _stand_ins(tmp_path / "models", {})
-    for block in blocks:
+    for block in code_of:
         code = block.replace('Path("models")', f"Path({str(models)!r})")
         namespace: dict[str, Any] = {}
         exec("async def main():\n" + textwrap.indent(code, "    "), namespace)
         asyncio.run(namespace["main"]())
 
 
-# -- the README's answers are the default build's ------------------------------------------------
+# -- the pages' answers are the default build's -------------------------------------------------
 
 SCORE_TOLERANCE = 0.05  # a score shown in the README may differ from the build's by this much
 V2_SENTIMENT = "/v2/models/demo-sentiment/infer"
@@ -463,7 +547,7 @@ BUILD_KEYS = {"model_version"}  # a hash of the build's package.json: one build'
 
 
 def same_values(actual: Any, expected: Any, where: str = "$") -> None:
-    """`actual` equals the README's `expected`: labels, words, answers and offsets exactly, the
+    """`actual` equals the page's `expected`: labels, words, answers and offsets exactly, the
     same number of items, scores within SCORE_TOLERANCE."""
     if isinstance(expected, dict):
         for k, e in expected.items():
@@ -518,7 +602,7 @@ def default_build(demo_models):
     server.stop()
 
 
-@pytest.mark.parametrize("cmd", default_answers(), ids=lambda c: parse_curl(c.line).path)
+@pytest.mark.parametrize("cmd", default_answers(), ids=example_id)
 def test_readme_answer_is_the_default_builds(cmd: Command, default_build):
     req = parse_curl(cmd.line)
     r = httpx.request(
@@ -539,7 +623,7 @@ def test_readme_answer_is_the_default_builds(cmd: Command, default_build):
         for c in curls()
         if c.answer is not None and requested_model(parse_curl(c.line)) in TASK_HEADS
     ],
-    ids=lambda c: parse_curl(c.line).path,
+    ids=example_id,
 )
 def test_readme_answer_is_the_task_builds(cmd: Command, task_models):
     """The /rerank, /v1/rerank and /zero-shot answers shown are the task demos' (`make
@@ -568,11 +652,11 @@ def test_the_readme_shows_each_task_demo():
     assert set(TASK_HEADS) <= named
 
 
-# -- the README's training commands -----------------------------------------------------------------
+# -- the pages' training commands ------------------------------------------------------------------
 
 
 def training_commands() -> list[str]:
-    return [c.line for c in readme_commands() if c.line.startswith(".venv/bin/python -m training.")]
+    return [c.line for c in page_commands() if c.line.startswith(".venv/bin/python -m training.")]
 
 
 def test_training_commands_use_the_shipped_samples():

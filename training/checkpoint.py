@@ -280,6 +280,34 @@ def read_max_seq_length(path: str | Path) -> int | None:
     return min(found, default=None)
 
 
+# Where save_model records what a classifier was trained to read (training.finetune knows it
+# from its data): a key of config.json of our own, as sentence-transformers keeps its own under
+# "sentence_transformers"; transformers keeps unknown keys and BertConfig ignores them.
+OUR_CONFIG_KEY = "bert_heads"
+
+
+def read_reads(path: str | Path) -> tuple[str, str] | None:
+    """(reads, why) as the checkpoint folder declares it: "single" or "pairs" as save_model
+    recorded it, or "pairs" for a sentence-transformers CrossEncoder folder (v5's
+    config_sentence_transformers.json model_type, v4's config.json "sentence_transformers"
+    entry, or the "sbert_ce_default_activation_function" of earlier versions); None when the
+    folder says nothing."""
+    directory = Path(path)
+    config_path, st_path = directory / "config.json", directory / ST_CONFIG
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    ours = config.get(OUR_CONFIG_KEY) or {}
+    if ours.get("reads") in ("single", "pairs"):
+        return ours["reads"], f"{config_path} records it"
+    st = json.loads(st_path.read_text()) if st_path.is_file() else {}
+    if (
+        st.get("model_type") == "CrossEncoder"
+        or isinstance(config.get("sentence_transformers"), dict)
+        or config.get("sbert_ce_default_activation_function") is not None
+    ):
+        return "pairs", "a sentence-transformers CrossEncoder folder"
+    return None
+
+
 def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
     path = directory / "config.json"
     try:
@@ -655,12 +683,14 @@ def save_model(
     tokenizer: Tokenizer | None = None,
     *,
     max_seq_length: int | None = None,
+    reads: str | None = None,
 ) -> Path:
     """Write config.json + model.safetensors (+ tokenizer files) in the Hugging Face layout.
     max_seq_length: the window the model was trained with, saved as the tokenizer's
     model_max_length and (embedding models) sentence-transformers' max_seq_length, which
     training.export reads (default: max_position_embeddings; read_max_seq_length(source)
-    keeps a model's)."""
+    keeps a model's). reads: a classifier's "single" texts or "pairs", recorded in
+    config.json for training.export (read_reads)."""
     task = _task_of(model)
     directory = Path(path)
     config: BertConfig = model.config
@@ -691,7 +721,10 @@ def save_model(
     if task == "embedding":  # a bare BertModel / RobertaModel..., as sentence-transformers has it
         state = {k.removeprefix(layout.prefix): v for k, v in state.items()}
     directory.mkdir(parents=True, exist_ok=True)
-    config.save(directory, layout.architectures[task])
+    config_path = config.save(directory, layout.architectures[task])
+    if reads is not None:
+        recorded = {**json.loads(config_path.read_text()), OUR_CONFIG_KEY: {"reads": reads}}
+        config_path.write_text(json.dumps(recorded, indent=2) + "\n")
     save_file(state, directory / SAFETENSORS, metadata={"format": "pt"})
     if task == "embedding":
         _write_sentence_transformers(model, directory, max_seq_length)  # type: ignore[arg-type]

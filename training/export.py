@@ -18,6 +18,14 @@ transformers' `clean_up_tokenization_spaces` (how the answer's sequences are dec
 `embeddings` (B, V), max over the real tokens of log(1 + relu(logits)) (SPLADE; a
 sentence-transformers SparseEncoder folder exports so by default), not normalised by default.
 
+classification: package.json `reads` says whether the model reads single texts or pairs (the
+service's /rerank and /zero-shot choose among pair models, and refuse a named single-text one):
+--reads, else what the checkpoint folder declares (training.finetune records its data's kind;
+a sentence-transformers CrossEncoder folder reads pairs), else pairs for NLI labels, else
+unknown (no field: /rerank takes it when named, and when no pair model is loaded).
+--default-for TASK ...: the request tasks (classification, rerank, zero-shot, ...) the
+service gives this package when several loaded ones could answer and a request names none.
+
 What happens, in order (each step prints its time):
 1. torch -> ONNX with the TorchScript exporter (`dynamo=False`) and eager attention: one file,
    opset 18, dynamic batch and sequence axes, int64 inputs input_ids / attention_mask /
@@ -78,11 +86,13 @@ from heads.contract import (
     MANIFEST,
     OUTPUT_NAMES,
     POOLINGS,
+    READS,
+    REQUEST_TASKS,
     SPARSE_POOLINGS,
     TASKS,
     VARIANT_FILES,
 )
-from heads.package import ModelPackage, write_package
+from heads.package import ModelPackage, default_for_problem, write_package
 from heads.quality import gate_kind
 from heads.rows import pad, prepare_tokenizer, row, template
 from training import quantize
@@ -91,6 +101,7 @@ from training.checkpoint import (
     check_vocabulary,
     load_model,
     read_max_seq_length,
+    read_reads,
     read_sentence_transformers,
     read_sparse_encoder,
 )
@@ -454,6 +465,32 @@ def task_metadata(
     return labels, problem_type, pooling, bool(normalize)
 
 
+def reads_metadata(
+    task: str, labels: list[str] | None, checkpoint: Path | None, reads: str | None
+) -> tuple[str | None, str]:
+    """A classification package's `reads` ("single" texts or "pairs"; None for other tasks)
+    and why: `reads` as given, else what the checkpoint folder declares (training.checkpoint.
+    read_reads: finetune's record from its data, a CrossEncoder folder), else "pairs" for NLI
+    labels, else None: unknown (a plain Hugging Face folder does not say; guessing "single"
+    would refuse a cross-encoder on /rerank, guessing "pairs" would offer a sentiment model)."""
+    if task != "classification":
+        if reads is not None:
+            raise ExportError("--reads is for classification packages")
+        return None, ""
+    if reads is not None:
+        if reads not in READS:
+            raise ExportError(f"reads {reads!r}: choose one of {', '.join(READS)}")
+        return reads, "as asked"
+    if checkpoint is not None and (found := read_reads(checkpoint)):
+        return found
+    if any(label.lower().startswith(("entail", "contradict")) for label in labels or []):
+        return "pairs", "its labels are an NLI model's"
+    return None, (
+        "unknown: nothing in the checkpoint says whether it reads single texts or pairs "
+        "(--reads single|pairs records it)"
+    )
+
+
 def prompt_metadata(checkpoint: Path | None, task: str) -> dict[str, Any]:
     """prompts and default_prompt_name for package.json (none: nothing): a sentence-transformers
     folder's, which /embed `prompt_name` picks from. A Pooling module that leaves the prompt's
@@ -516,11 +553,16 @@ def export_package(
     opset: int = 18,
     verbose: bool = True,
     hidden_states: bool = False,
+    reads: str | None = None,
+    default_for: Sequence[str] = (),
 ) -> ModelPackage:
     """Export `model_or_checkpoint` (a head from training.model, or a checkpoint folder) as a
     package in `out_dir`. `tokenizer` defaults to the checkpoint's; `source` (e.g. training
     arguments and metrics) is recorded in package.json; `hidden_states` (embedding) adds
-    every layer's pooled states. A sparse `pooling` (embedding) pools a masked LM's logits:
+    every layer's pooled states. `reads` (classification): "single" texts or "pairs", by
+    default what the checkpoint says (`reads_metadata`); `default_for`: the request tasks
+    (heads.contract.REQUEST_TASKS) the service gives this package when several could answer
+    and a request names none. A sparse `pooling` (embedding) pools a masked LM's logits:
     the model is a BertForMaskedLM, the checkpoint a *ForMaskedLM one. Raises ExportError; on
     failure `out_dir` is left as it was."""
     t_start = time.perf_counter()
@@ -582,6 +624,11 @@ def export_package(
             "as an object says no more than its token names: pass its folder instead.)"
         )
     labels, problem_type, pooling, normalize = task_metadata(model, task, pooling, normalize)
+    reads, why = reads_metadata(task, labels, checkpoint, reads)
+    if why:
+        log(f"reads {reads or 'unknown'}: {why.removeprefix('unknown: ')}", verbose)
+    if problem := default_for_problem(list(default_for), task, pooling, reads or "unknown"):
+        raise ExportError(problem)
     prompts = sparse_metadata(checkpoint) if sparse else prompt_metadata(checkpoint, task)
     fill_mask = fill_mask_metadata(tok, checkpoint) if task == FILL_MASK else {}
     head = ExportHead(model, task, pooling or "mean", hidden_states)
@@ -606,6 +653,8 @@ def export_package(
             "problem_type": problem_type,
             "pooling": pooling,
             "normalize": normalize,
+            **({"reads": reads} if reads else {}),
+            **({"default_for": list(default_for)} if default_for else {}),
             **prompts,
             **fill_mask,
             "special_tokens": {**specials.record(), **_pad_record(specials, pad_id, tok)},
@@ -850,6 +899,8 @@ class ExportArgs:
     pooling: str | None = option(None, "embedding: how tokens are pooled (default: the checkpoint's); splade: a *ForMaskedLM checkpoint's sparse vocabulary weights", choices=POOLINGS)  # fmt: skip
     no_normalize: bool = option(False, "embedding: do not L2-normalise by default")
     hidden_states: bool = option(False, "embedding: also every layer's pooled states")
+    reads: str | None = option(None, "classification: single texts or pairs (default: what the checkpoint says: finetune's record, a CrossEncoder folder, NLI labels; else unknown)", choices=READS)  # fmt: skip
+    default_for: list[str] | None = option(None, "request tasks the service gives this package when several could answer and a request names no model", choices=tuple(REQUEST_TASKS), metavar="TASK")  # fmt: skip
     opset: int = option(18, "ONNX opset, 18 or later")
 
 
@@ -887,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
             },
             opset=args.opset,
             hidden_states=args.hidden_states,
+            reads=args.reads,
+            default_for=args.default_for or (),
         )
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)

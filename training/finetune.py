@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from heads.contract import DENSE_POOLINGS, POOLED_TASKS
+from heads.contract import DENSE_POOLINGS, POOLED_TASKS, REQUEST_TASKS
 from training.checkpoint import CheckpointError, load_model, save_model
 from training.cli import as_args, option, parse
 from training.config import (
@@ -48,7 +48,7 @@ from training.config import (
     MAX_ANSWER_LENGTH,
     BertConfig,
 )
-from training.data.classification import read_classification
+from training.data.classification import read_classification, reads
 from training.data.epochs import EpochBatches
 from training.data.records import DataError
 from training.data.tasks import training_rows
@@ -107,6 +107,7 @@ class FinetuneArgs:
     max_eval_examples: int | None = option(None, "evaluate on the first N examples only")
     export: bool = option(False, "export best/ as a model package in out/package")
     name: str | None = option(None, "package name with --export (default: --out's name)")
+    default_for: list[str] | None = option(None, "with --export: request tasks the service gives the package when several could answer and a request names no model", choices=tuple(REQUEST_TASKS), metavar="TASK")  # fmt: skip
     resume: bool = option(False, "continue from out/last if it exists")
     device: str | None = option(None, "cuda / cpu (default: cuda:LOCAL_RANK when present)")
 
@@ -304,6 +305,7 @@ def check(args: FinetuneArgs, d: Dist) -> None:
         (args.group_by_length and embedding, "--group-by-length is not for embedding: the batch's other pairs are the negatives"),
         (args.freeze_encoder and embedding, "--freeze-encoder leaves an embedding model nothing to train"),
         (embedding and per_process < 2, "embedding training needs >= 2 pairs per process: the others are the negatives"),
+        (args.default_for and not args.export, "--default-for is written into the package: add --export"),
     ]:  # fmt: skip
         if refused:
             raise ValueError(message)
@@ -352,6 +354,8 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         args.max_seq_length = fits
     tokenizer = load_tokenizer(args.tokenizer or source)
     rows, labels, evaluator = prepare_data(args, tokenizer, known_labels(args, source), d)
+    # what the classifier reads, from its data: recorded with the weights and in the package
+    text_input = reads(args.train) if args.task == "classification" else None
     if state is not None:  # a resumed run keeps the schedule it started with
         started = state["args"]
         args.batch_size = args.batch_size or started["batch_size"]
@@ -370,8 +374,8 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
     total = args.max_steps or args.epochs * data.steps_per_epoch
     best: dict[str, Any] = state["best"] if state else {"step": None, "epoch": None, "metrics": {}}
 
-    def save(folder: Path) -> None:  # the window travels with the weights, for export
-        save_model(model, folder, tokenizer, max_seq_length=args.max_seq_length)
+    def save(folder: Path) -> None:  # the window and the input kind travel with the weights
+        save_model(model, folder, tokenizer, max_seq_length=args.max_seq_length, reads=text_input)
 
     def summary(final: dict[str, Any]) -> None:
         """metrics.json, rewritten after every evaluation so an interrupted run leaves one."""
@@ -442,6 +446,7 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
             export_package(
                 out / "best", args.task, package_dir,
                 name=args.name or out.resolve().name, max_seq_length=args.max_seq_length,
+                reads=text_input, default_for=args.default_for or (),
                 source={"finetune": {"args": dataclasses.asdict(args), "best": best}},
             )  # fmt: skip
     d.barrier()

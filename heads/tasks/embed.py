@@ -97,7 +97,8 @@ def shorten(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
         raise InvalidInput(
             f"dimensions must be between 1 and {vectors.shape[1]} (the model's embedding size)"
         )
-    return vectors[:, :dimensions]
+    # a copy, not a view: the answer is serialised from its buffer (orjson needs it contiguous)
+    return np.ascontiguousarray(vectors[:, :dimensions])
 
 
 def embedding_width(package: ModelPackage) -> int | None:

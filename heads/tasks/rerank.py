@@ -79,6 +79,7 @@ class Job:
         truncation_direction: str = "right",
         top_n: int | None = None,
         stride: int | None = None,
+        max_tokens_per_doc: int | None = None,
     ) -> None:
         n_labels = len(package.labels or [])
         if n_labels not in (1, 2):
@@ -93,6 +94,7 @@ class Job:
         self.max_seq_length = package.max_seq_length
         self.raw, self.truncate, self.direction = raw_scores, truncate, truncation_direction
         self.top_n, self.stride = top_n, stride
+        self.max_tokens_per_doc = max_tokens_per_doc  # Cohere's: a document's first N tokens
         self.truncated = self.windowed = self.tokens = 0
         self.spans: list[_Window | None] = []  # per row: its window, None when not windowed
         self.bounds: list[int] = []  # document i's rows are [bounds[i], bounds[i + 1])
@@ -100,6 +102,10 @@ class Job:
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
         layout = template(tokenizer)
         q, docs = encodings[0], encodings[1:]
+        if self.max_tokens_per_doc is not None:
+            for d in docs:  # in place: the job's own encodings
+                if len(d.ids) > self.max_tokens_per_doc:
+                    d.truncate(self.max_tokens_per_doc)
         if self.truncate:
             pairs: list[TextInput] = [(self.query, d) for d in self.documents]
             flat = [e for d in docs for e in (q, d)]

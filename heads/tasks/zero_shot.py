@@ -27,18 +27,27 @@ from heads.package import ModelPackage
 from heads.rows import InvalidInput, Outputs, Sequence, row, template
 from heads.tasks import one_by_one
 
-__all__ = ["DEFAULT_TEMPLATE", "Job", "entailment_id", "hypotheses"]
+__all__ = ["DEFAULT_TEMPLATE", "Job", "entailment_id", "hypotheses", "is_nli"]
 
 DEFAULT_TEMPLATE = "This example is {}."
+
+
+def _entailment(labels: list[str]) -> int | None:
+    return next((i for i, label in enumerate(labels) if label.lower().startswith("entail")), None)
+
+
+def is_nli(package: ModelPackage) -> bool:
+    """Its labels name entailment: an NLI model, which /zero-shot can use."""
+    return _entailment(package.labels or []) is not None
 
 
 def entailment_id(package: ModelPackage) -> int:
     """The pipeline's entailment label: the first whose name starts with "entail"; an
     InvalidInput naming the labels when none does."""
     labels = package.labels or []
-    for i, label in enumerate(labels):
-        if label.lower().startswith("entail"):
-            return i
+    found = _entailment(labels)
+    if found is not None:
+        return found
     raise InvalidInput(
         f"model {package.name!r} has no entailment label (its labels: {', '.join(labels)}): "
         "zero-shot classification needs an NLI model whose labels name entailment"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from service.routes import (
     classify,
+    docs,
     embed,
     masked_lm,
     models,
@@ -38,6 +39,7 @@ ROUTERS = [
     metrics_route.router,
     v2.open_router,
     v2.router,
+    docs.router,  # not on the page: /openapi.json, /docs, /redoc and their assets
 ]
 
 

@@ -14,8 +14,10 @@ router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERRORS)
 async def classify_texts(body: ClassifyRequest, run: Inference) -> Response:
-    """One list of `{label, score}` per input (top_k of them; null = all labels)."""
-    single = isinstance(body.inputs, str)
+    """One list of `{label, score}` per input (top_k of them; null = all labels). The Hugging
+    Face form (`parameters`) gets a list of such lists also for one input, as
+    InferenceClient.text_classification parses it."""
+    single = isinstance(body.inputs, str) and body.parameters is None
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     labels = await run.engine.classify(
         inputs,

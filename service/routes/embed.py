@@ -1,10 +1,12 @@
 """Sentence embeddings in two dialects: POST /embed (TEI: always a list of vectors) and
-POST /v1/embeddings (OpenAI: `data[].embedding`, `usage`)."""
+POST /v1/embeddings (OpenAI: `data[].embedding`, `usage`); and POST /similarity (TEI's:
+a source sentence's cosine similarity to each other sentence)."""
 
 from __future__ import annotations
 
 import base64
 
+import numpy as np
 from fastapi import APIRouter
 from starlette.responses import Response
 
@@ -15,6 +17,8 @@ from service.schemas import (
     EmbedResponse,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
+    SimilarityParameters,
+    SimilarityRequest,
 )
 
 router = APIRouter(tags=["embeddings"], route_class=InferenceRoute)
@@ -68,3 +72,23 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, run: Inference) -> Res
     tokens = run.job.tokens  # type: ignore[attr-defined]  # an embed.Job's
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return json_response({"object": "list", "data": data, "model": run.model.name, "usage": usage})
+
+
+@router.post("/similarity", response_model=list[float], responses=ERRORS)
+async def similarity(body: SimilarityRequest, run: Inference) -> Response:
+    """The cosine similarity of `source_sentence` to each of `sentences`, in their order (TEI's
+    /similarity; huggingface_hub's InferenceClient.sentence_similarity)."""
+    options = body.parameters or SimilarityParameters()
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    vectors = await run.engine.embed(
+        texts,
+        model=body.model,
+        normalize=True,
+        truncate=options.truncate,
+        truncation_direction=options.truncation_direction,
+        prompt_name=options.prompt_name,
+        call=run,
+    )
+    # normalised, and the sum of a unit vector's squares is 1 only to float32's precision
+    cosine = vectors[1:].astype(np.float64) @ vectors[0].astype(np.float64)
+    return json_response(np.clip(cosine, -1.0, 1.0).tolist())

@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.engine import Call, Engine, KeepsSpanTimes
-from service.errors import ServiceError
+from service.errors import NotReady, ServiceError
 from service.http import (
     ClientGone,
     describe_validation,
@@ -47,6 +47,7 @@ from service.job_queue import Timing
 from service.metrics import Metrics
 from service.registry import LoadedModel
 from service.routes.deps import require_api_key
+from service.selection import root_task
 
 if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which service.app loads only when on
     from service.tracing import Tracing
@@ -238,7 +239,8 @@ def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
     """The body as `model`. The usual body goes through pydantic-core's JSON parser in one
     call; a body it refuses as JSON is parsed again by the standard library, which decides
     as FastAPI did (not UTF-8: 400; lone surrogate escapes: parsed, then refused by the model
-    with a message that says so; broken JSON: 422 naming the character)."""
+    with a message that says so; broken JSON: 422 naming the character). What pydantic-core
+    takes that is not JSON to serve (`not_strict_json`: NaN, a key twice) is a 422 too."""
     if content_type is not None:
         media = content_type.partition(";")[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
@@ -246,16 +248,27 @@ def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
     if not raw:
         raise _BadBody(422, "body: a JSON object body is required", "validation")
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         if not any(err["type"] == "json_invalid" for err in exc.errors()):
-            raise _invalid(exc) from None
+            # a NaN that a field refused is said as what it is, not as "not an integer"
+            problem = not_strict_json(raw)
+            raise (_BadBody(422, problem, "validation") if problem else _invalid(exc)) from None
+    else:
+        if problem := not_strict_json(raw, body):
+            raise _BadBody(422, problem, "validation")
+        return body
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), **STRICT_JSON)
     except UnicodeDecodeError:
         raise _BadBody(400, "the body is not valid UTF-8", "bad_request") from None
+    except NotStrictJson as exc:
+        raise _BadBody(422, str(exc), "validation") from None
     except json.JSONDecodeError as exc:
         message = f"body is not valid JSON ({exc.msg} at character {exc.pos})"
+        raise _BadBody(422, message, "validation") from None
+    except ValueError:  # an integer past Python's 4300 digits (pydantic-core's limit too)
+        message = "body: a number has more digits than any field takes; send one in its range"
         raise _BadBody(422, message, "validation") from None
     except RecursionError:  # pydantic-core stops at depth 200; the standard library recurses
         message = "body: JSON nested too deeply (a request body is an object of a few levels)"
@@ -264,6 +277,54 @@ def parse(model: type[BaseModel], raw: bytes, content_type: str | None) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         raise _invalid(exc) from None
+
+
+class NotStrictJson(Exception):
+    """What JSON parsers take but a request must not hold: NaN / Infinity, a key twice."""
+
+
+def _no_constant(literal: str) -> Any:
+    raise NotStrictJson(
+        f"body is not valid JSON: {literal} is not a JSON number (JSON has no NaN or "
+        "Infinity); send a finite number"
+    )
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise NotStrictJson(
+                    f"body: the key {key!r} appears twice in one object; send each key once "
+                    "(parsers disagree on which one counts)"
+                )
+            seen.add(key)
+    return out
+
+
+# json.loads' hooks that refuse what NotStrictJson names
+STRICT_JSON: dict[str, Any] = {"object_pairs_hook": _unique_keys, "parse_constant": _no_constant}
+
+
+def not_strict_json(raw: bytes, body: BaseModel | None = None) -> str | None:
+    """Why `raw`, which pydantic-core parsed (into `body`, when it is valid), is still not a
+    body to serve, or None: a NaN or Infinity literal (pydantic-core reads them; JSON has no
+    such numbers), or a key twice in one object (pydantic-core keeps the last; parsers
+    disagree). A body with no more colons than `body` has fields holds neither a nested
+    object nor a repeated key, and is not parsed again: the usual body costs three scans in
+    C; one with objects inside (QA's list, v2) or a colon in a text, a second parse."""
+    keys = -1 if body is None else len(body.model_fields_set)
+    if raw.count(b":") <= keys and b"NaN" not in raw and b"Infinity" not in raw:
+        return None
+    try:
+        json.loads(raw, **STRICT_JSON)
+    except NotStrictJson as exc:
+        return str(exc)
+    except (ValueError, RecursionError):  # pydantic-core's verdict on the rest stands
+        return None
+    return None
 
 
 def _invalid(exc: ValidationError) -> _BadBody:
@@ -295,6 +356,15 @@ class InferencePath:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"] if scope["type"] == "http" else None
+        if path == "/" and scope["method"] == "POST":
+            request = Request(scope, receive)
+            try:
+                require_api_key(request)  # before a message that names the models
+                scope["path"] = ROOT_ROUTES[self.root_task(scope)]
+            except ServiceError as exc:
+                await error_response(request, *error_for(exc, request))(scope, receive, send)
+                return
         handler = self.handlers.get(scope["path"]) if scope["type"] == "http" else None
         if handler is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
@@ -333,6 +403,15 @@ class InferencePath:
             if tracing is not None:
                 tracing.record(scope, status, start, built, run)
 
+    @staticmethod
+    def root_task(scope: Scope) -> str:
+        """The request task POST / answers (service.selection.root_task)."""
+        registry = scope["app"].state.registry
+        ready = [e.model for e in registry.entries if e.model is not None]
+        if not ready:
+            raise NotReady("no model is loaded yet")
+        return root_task(ready, registry.settings.default_model)
+
     async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The body; None when it is over the limit (by Content-Length, else counted as it
         streams), _GONE when the client left first."""
@@ -354,6 +433,16 @@ class InferencePath:
 
 
 _GONE = b"<gone>"  # a sentinel compared by identity
+
+# POST / takes the route of its model's task, as text-embeddings-inference's root does.
+ROOT_ROUTES = {
+    "classification": "/classify",
+    "token-classification": "/ner",
+    "question-answering": "/qa",
+    "embedding": "/embed",
+    "sparse-embedding": "/embed_sparse",
+    "fill-mask": "/fill-mask",
+}
 
 
 def timing_headers(timing: Timing, total: float) -> list[tuple[bytes, bytes]]:

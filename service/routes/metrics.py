@@ -1,4 +1,5 @@
-"""GET /metrics: Prometheus text format; behind the API key only with protect_metrics."""
+"""GET /metrics: Prometheus text format; behind the API key (when one is set) unless
+metrics_public."""
 
 from __future__ import annotations
 
@@ -15,6 +16,6 @@ PROMETHEUS_TEXT = {"description": "Prometheus text format", "content": {"text/pl
 
 @router.get("/metrics", response_class=Response, responses={200: PROMETHEUS_TEXT, 401: ERRORS[401]})
 async def metrics(request: Request, registry: RegistryDep, settings: SettingsDep) -> Response:
-    if settings.protect_metrics:
+    if not settings.metrics_public:
         require_api_key(request)
     return Response(registry.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,5 @@
-"""GET /models: every package found, loaded or not, with what it runs on and the limits."""
+"""GET /models: every package found, loaded or not, with what it runs on and the limits; GET
+/v1/models and /v1/models/{id}: OpenAI's models API over what /v1/embeddings serves."""
 
 from __future__ import annotations
 
@@ -9,18 +10,27 @@ from fastapi import APIRouter, Depends, Request
 from heads.package import ModelPackage
 from heads.rows import InvalidInput
 from heads.tasks import embed
-from service.errors import Forbidden, InputError, ServiceError
+from service.errors import Forbidden, InputError, ModelNotFound, ServiceError
 from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOINTS
-from service.registry import Entry
+from service.registry import Entry, Registry
 from service.routes.answers import ERRORS
 from service.routes.deps import ApiKey, RegistryDep, require_bearer
-from service.schemas import Limits, ModelInfo, ModelsResponse, VariantAgreement
+from service.schemas import (
+    Limits,
+    ModelInfo,
+    ModelsResponse,
+    OpenAIModel,
+    OpenAIModelList,
+    VariantAgreement,
+)
+from service.selection import defaults, unfit
 
 router = APIRouter(tags=["models"], dependencies=[ApiKey])
 control = APIRouter(tags=["model control"])
 
 
-def describe(entry: Entry) -> ModelInfo:
+def describe(entry: Entry, chosen_for: list[str] | None = None) -> ModelInfo:
+    """`chosen_for`: the request tasks it answers when a request names no model."""
     info = ModelInfo(
         name=entry.name,
         path=str(entry.path),
@@ -39,7 +49,9 @@ def describe(entry: Entry) -> ModelInfo:
             "package_name": entry.model.package_name
             if entry.model.package_name != p.name
             else None,
+            "default_for": chosen_for or None,
             "labels": p.labels,
+            "reads": p.reads if p.task == "classification" else None,
             "problem_type": p.problem_type,
             "pooling": p.pooling,
             "normalize": p.normalize if p.task == "embedding" else None,
@@ -90,7 +102,49 @@ async def list_models(registry: RegistryDep) -> ModelsResponse:
         payload_limit=s.payload_limit,
         request_timeout=s.request_timeout,
     )
-    return ModelsResponse(models=[describe(e) for e in registry.entries], limits=limits)
+    ready = [e.model for e in registry.entries if e.model is not None]
+    chosen = defaults(ready, s.default_model)
+    return ModelsResponse(
+        models=[
+            describe(e, [use for use, name in chosen.items() if name == e.name])
+            for e in registry.entries
+        ],
+        defaults=chosen,
+        limits=limits,
+    )
+
+
+# -- OpenAI's models API: what /v1/embeddings serves ----
+
+
+def openai_models(registry: Registry) -> list[OpenAIModel]:
+    """The ready dense embedding models (/v1/embeddings' `model`), as OpenAI lists models."""
+    return [
+        OpenAIModel(id=m.name, created=int(m.loaded_at), owned_by="bert-heads")
+        for e in registry.entries
+        if (m := e.model) is not None and unfit(m.package, "embedding") is None
+    ]
+
+
+@router.get("/v1/models", response_model=OpenAIModelList, responses={401: ERRORS[401]})
+async def list_openai_models(registry: RegistryDep) -> OpenAIModelList:
+    """OpenAI's `models.list()`: the models /v1/embeddings can serve."""
+    return OpenAIModelList(data=openai_models(registry))
+
+
+@router.get(
+    "/v1/models/{model_id}",
+    response_model=OpenAIModel,
+    responses={k: ERRORS[k] for k in (401, 404)},
+)
+async def retrieve_openai_model(model_id: str, registry: RegistryDep) -> OpenAIModel:
+    """OpenAI's `models.retrieve(id)`: 404 unless /v1/embeddings can serve it."""
+    for model in openai_models(registry):
+        if model.id == model_id:
+            return model
+    raise ModelNotFound(
+        f"no embedding model named {model_id!r}; GET /v1/models lists what /v1/embeddings serves"
+    )
 
 
 # -- model control (explicit): the admin key only ---------------------------------------------

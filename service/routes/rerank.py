@@ -1,14 +1,25 @@
-"""Reranking in two dialects: POST /rerank (text-embeddings-inference's) and POST /v1/rerank
-(Cohere's, as Jina and infinity serve it). One path: the engine's rerank task."""
+"""Reranking in three dialects: POST /rerank (text-embeddings-inference's), POST /v1/rerank
+(Cohere's v1, as Jina and infinity serve it) and POST /v2/rerank (Cohere's v2, ClientV2). One
+path: the engine's rerank task; each counts documents against max_client_batch_size, never the
+query."""
 
 from __future__ import annotations
+
+import uuid
 
 from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, json_response
 from service.routes.inference import Inference, InferenceRoute
-from service.schemas import OpenRerankRequest, OpenRerankResponse, Rank, RerankRequest
+from service.schemas import (
+    CohereRerankRequest,
+    CohereRerankResponse,
+    OpenRerankRequest,
+    OpenRerankResponse,
+    Rank,
+    RerankRequest,
+)
 
 router = APIRouter(tags=["reranking"], route_class=InferenceRoute)
 
@@ -23,6 +34,7 @@ async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
         raw_scores=body.raw_scores,
         truncate=body.truncate,
         truncation_direction=body.truncation_direction,
+        allow_single_text=body.allow_single_text,
         call=run,
     )
     if body.return_text:
@@ -36,7 +48,12 @@ async def open_rerank(body: OpenRerankRequest, run: Inference) -> Response:
     return_documents), with the model and the tokens read."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     ranked = await run.engine.rerank(
-        body.query, texts, model=body.model, top_n=body.top_n, call=run
+        body.query,
+        texts,
+        model=body.model,
+        top_n=body.top_n,
+        allow_single_text=body.allow_single_text,
+        call=run,
     )
     assert run.model is not None and run.job is not None  # the engine chose and ran them
     results = []
@@ -49,3 +66,26 @@ async def open_rerank(body: OpenRerankRequest, run: Inference) -> Response:
         results.append(item)
     usage = {"total_tokens": run.job.tokens}  # type: ignore[attr-defined]  # a rerank.Job's
     return json_response({"results": results, "model": run.model.name, "usage": usage})
+
+
+@router.post("/v2/rerank", response_model=CohereRerankResponse, responses=ERRORS)
+async def cohere_rerank(body: CohereRerankRequest, run: Inference) -> Response:
+    """Cohere's v2 rerank (ClientV2.rerank): the best top_n documents as `{index,
+    relevance_score}`, each document read up to max_tokens_per_doc tokens."""
+    ranked = await run.engine.rerank(
+        body.query,
+        body.documents,
+        model=body.model,
+        top_n=body.top_n,
+        max_tokens_per_doc=body.max_tokens_per_doc,
+        allow_single_text=body.allow_single_text,
+        call=run,
+    )
+    assert run.job is not None  # the engine ran it
+    results = [{"index": r["index"], "relevance_score": r["score"]} for r in ranked]
+    meta = {
+        "api_version": {"version": "2"},
+        "billed_units": {"search_units": 1},
+        "tokens": {"input_tokens": run.job.tokens},  # type: ignore[attr-defined]  # a rerank.Job's
+    }
+    return json_response({"id": str(uuid.uuid4()), "results": results, "meta": meta})

@@ -15,9 +15,11 @@ JSON text in BYTES elements). `parameters` of the request take the native option
 | embedding (SPLADE) | `text` BYTES [N] | `sparse` BYTES [N]: each a JSON list of {index, value} | truncate, truncation_direction, prompt_name |
 | fill-mask | `text` BYTES [N] | `predictions` BYTES [N]: each the JSON of /fill-mask's answer | top_k, targets |
 
-Tensor `data` may be flat (row-major) or nested; answers are flat. A request's `outputs`
-picks which outputs come back (all by default). Not supported: the binary tensor data
-extension (`binary_data_size`) and shared memory.
+Inputs are BYTES of shape [N]; their `data` may be flat, or nested one level ([N, 1]
+row-major); answers are flat. A request's `outputs` picks which outputs come back (all by
+default). Not supported: the binary tensor data extension (`binary_data_size`) and shared
+memory. The body is read by the native routes' parser (NaN, a key twice, bytes that are not
+UTF-8: a 400 that says so) and its errors are counted in the same metrics.
 """
 
 from __future__ import annotations
@@ -31,18 +33,21 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heads.package import ModelPackage
 from service.engine import Call, Engine
-from service.http import describe_validation, error_for
+from service.errors import ServiceError
+from service.http import describe_validation, error_for, error_type_of
 from service.registry import Entry, LoadedModel, Registry
-from service.routes.deps import ApiKey
-from service.routes.inference import timing_headers
+from service.routes.deps import ApiKey, require_api_key
+from service.routes.inference import parse, timing_headers
 from service.schemas import (
+    QA_TEXT,
     ClassifyRequest,
     EmbedRequest,
     FillMaskRequest,
+    JsonInt,
     NerRequest,
     QaRequest,
     SparseEmbedRequest,
@@ -52,20 +57,25 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
 open_router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
 
 
-class Tensor(BaseModel):
+class _Strict(BaseModel):
+    # JSON types as the schema says (no "3" for 3); fields the protocol may add are ignored
+    model_config = ConfigDict(strict=True)
+
+
+class Tensor(_Strict):
     name: str
-    shape: list[int]
+    shape: list[JsonInt]
     datatype: str
     parameters: dict[str, Any] | None = None
-    data: list[Any]
+    data: list[Any]  # checked with the model's inputs (_texts): its datatype first
 
 
-class RequestedOutput(BaseModel):
+class RequestedOutput(_Strict):
     name: str
     parameters: dict[str, Any] | None = None
 
 
-class InferRequest(BaseModel):
+class InferRequest(_Strict):
     id: str | None = None
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[Tensor]
@@ -244,23 +254,60 @@ class JsonPerText(Task):
         return {self.output: ("BYTES", [len(found)], _json(found))}
 
 
+# One Task per kind of package (they hold no state: the same one serves every request)
+NER = JsonPerText(
+    "entities", "ner", ("aggregation_strategy", "ignore_labels", "stride"), NerRequest
+)
+FILL_MASK = JsonPerText("predictions", "fill_mask", ("top_k", "targets"), FillMaskRequest)
+SPARSE = JsonPerText(
+    "sparse", "embed_sparse", ("truncate", "truncation_direction", "prompt_name"),
+    SparseEmbedRequest,
+)  # fmt: skip
+TASKS: dict[str, Task] = {
+    "classification": Classify(),
+    "token-classification": NER,
+    "question-answering": Qa(),
+    "embedding": Embed(),
+    "fill-mask": FILL_MASK,
+}
+
+
 def task_of(package: ModelPackage) -> Task:
-    kinds: dict[str, Callable[[], Task]] = {
-        "classification": Classify,
-        "token-classification": lambda: JsonPerText(
-            "entities", "ner", ("aggregation_strategy", "ignore_labels", "stride"), NerRequest
-        ),
-        "question-answering": Qa,
-        "fill-mask": lambda: JsonPerText(
-            "predictions", "fill_mask", ("top_k", "targets"), FillMaskRequest
-        ),
-    }
     if package.task == "embedding" and package.sparse:
-        return JsonPerText(
-            "sparse", "embed_sparse", ("truncate", "truncation_direction", "prompt_name"),
-            SparseEmbedRequest,
-        )  # fmt: skip
-    return Embed() if package.task == "embedding" else kinds[package.task]()
+        return SPARSE
+    return TASKS[package.task]
+
+
+def infer_schema() -> dict[str, Any]:
+    """InferRequest's JSON schema narrowed to what some model takes (a generated client or a
+    fuzzer then sends those): the input and output names of every task, BYTES inputs of one
+    dimension, and each parameter typed as its native route types it. Which of them one model
+    takes is in its metadata (GET /v2/models/{name})."""
+    schema = _inline(InferRequest.model_json_schema())
+    tasks = [*TASKS.values(), SPARSE]
+    inputs = schema["properties"]["inputs"]
+    inputs["minItems"] = 1
+    tensor = inputs["items"]["properties"]
+    tensor["name"]["enum"] = sorted({name for t in tasks for name in t.inputs})
+    tensor["datatype"]["enum"] = ["BYTES"]
+    tensor["shape"].update(minItems=1, maxItems=1, description="[N]: N elements in data")
+    tensor["shape"]["items"]["minimum"] = 1
+    text = {"type": "string"}
+    rows = {"type": "array", "items": text, "minItems": 1}
+    tensor["data"] |= {"minItems": 1, "items": {"anyOf": [text, rows]}}
+    qa_text = {"type": "string", **QA_TEXT}  # a question or context has a token to read
+    inputs["items"] |= {
+        "if": {"properties": {"name": {"enum": list(Qa.inputs)}}},
+        "then": {"properties": {"data": {"items": {"anyOf": [qa_text, {"items": qa_text}]}}}},
+    }
+    [outputs, _] = schema["properties"]["outputs"]["anyOf"]  # a list, or null
+    outputs["items"]["properties"]["name"]["enum"] = sorted({n for t in tasks for n in t.outputs})
+    parameters = {name: {"type": "boolean"} for name in PROTOCOL_PARAMETERS}
+    for t in tasks:
+        native = _inline(t.schema.model_json_schema())["properties"]
+        parameters |= {p: native[p] for p in t.parameters if p not in parameters}
+    schema["properties"]["parameters"].update(properties=parameters, additionalProperties=False)
+    return schema
 
 
 # -- the routes --------------------------------------------------------------------------------
@@ -360,19 +407,17 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
     registry: Registry = request.app.state.registry
     tracing = request.app.state.tracing  # None (off): not looked at again
     start, status, task_name, built = time.perf_counter(), 500, "", 0.0
+    model_name, reason = "", "internal"  # the metrics' labels: a loaded model's name only
     where = f"/v2/models/{name}/infer"
     call = engine.call(where, traced=tracing is not None)
     try:
+        require_api_key(request)
         entry = _entry(registry, name, version)
+        model_name, task_name = entry.name, entry.task or ""
         if "inference-header-content-length" in request.headers:  # JSON, then binary tensors
             raise V2Error(400, BINARY_UNSUPPORTED)
-        try:
-            body = InferRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            errors = [dict(err) for err in exc.errors(include_url=False)]
-            raise V2Error(400, describe_validation(errors)) from None
+        body = _parse(await request.body())
         model = registry.select(None, name, where)
-        task_name = entry.task or ""
         task = task_of(model.package)
         native = _native(task, _texts(body, task), body.parameters, model.package.task)
         outputs = await task.run(engine, model, native, call)
@@ -389,14 +434,17 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
         status = 200
         response = JSONResponse(answer)
     except V2Error as e:
-        status = e.status
+        status, reason = e.status, V2_ERROR_TYPES.get(e.status) or error_type_of(e.status)
         response = _error(e.status, e.message)
     except Exception as exc:  # the native routes' mapping: 4xx for what the caller can fix
-        status, message, _, headers = error_for(exc, request)
+        status, message, reason, headers = error_for(exc, request)
         response = _error(status, message)
         response.headers.update(headers or {})
     finally:
-        registry.metrics.answered(name, task_name, ROUTE, status, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        registry.metrics.answered(model_name, task_name, ROUTE, status, seconds)
+        if status >= 400:  # as the native routes count theirs (service.routes.inference)
+            registry.metrics.failures.labels(model_name, task_name, reason).inc()
     built = time.perf_counter()
     # the native routes' x-*-time headers, and their spans (named after the route template)
     response.raw_headers.extend(timing_headers(call.timing, built - start))
@@ -408,8 +456,26 @@ async def _infer(request: Request, name: str, version: str | None = None) -> JSO
     return response
 
 
+# The error_type a V2Error counts as in bert_heads_request_failures (the native routes' names)
+V2_ERROR_TYPES = {400: "bad_request", 404: "model_not_found", 503: "not_ready"}
+
+
+def _parse(raw: bytes) -> InferRequest:
+    """The body, by the native routes' parser (service.routes.inference.parse: not UTF-8, not
+    JSON, nested too deeply, NaN, a key twice, the fields' types), with the protocol's 400."""
+    try:
+        body: InferRequest = parse(InferRequest, raw, None)
+    except ServiceError as exc:
+        raise V2Error(400, exc.message) from None
+    return body
+
+
 def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:
     """Each input tensor's texts, checked against the model's inputs."""
+    names = [t.name for t in body.inputs]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise V2Error(400, f"input {twice!r} is given twice; send each input once")
     given = {t.name: t for t in body.inputs}
     if unknown := [n for n in given if n not in task.inputs]:
         raise V2Error(400, f"unexpected input {unknown[0]!r}; this model takes {list(task.inputs)}")
@@ -422,13 +488,27 @@ def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:
             raise V2Error(400, f"input {name!r} must be BYTES (text), not {tensor.datatype}")
         if (tensor.parameters or {}).get("binary_data_size") is not None:
             raise V2Error(400, BINARY_UNSUPPORTED)
+        bad = next((i for i, x in enumerate(tensor.data) if not _text(x)), None)
+        if bad is not None:
+            raise V2Error(
+                400,
+                f"input {name!r}: element {bad} is not text: send strings (BYTES), or "
+                "lists of strings for [N, 1]",
+            )
         flat = _flatten(tensor.data)
         if int(np.prod(tensor.shape)) != len(flat) or len(tensor.shape) != 1:
             raise V2Error(
                 400, f"input {name!r}: shape {tensor.shape} but {len(flat)} elements; send [N]"
             )
-        if not all(isinstance(x, str) for x in flat):
-            raise V2Error(400, f"input {name!r}: every element must be a string")
+        for i, text in enumerate(flat):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # JSON "\ud800" without its pair: not Unicode text
+                raise V2Error(
+                    400,
+                    f"input {name!r}: element {i} holds a lone UTF-16 surrogate; send "
+                    "valid Unicode",
+                ) from None
         texts[name] = flat
         sizes.add(len(flat))
     if len(sizes) > 1:
@@ -436,11 +516,15 @@ def _texts(body: InferRequest, task: Task) -> dict[str, list[str]]:
     return texts
 
 
-def _flatten(data: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for x in data:
-        out.extend(_flatten(x) if isinstance(x, list) else [x])
-    return out
+def _text(x: Any) -> bool:
+    """A text element: a string, or strings nested one level ([N, 1] row-major)."""
+    return (
+        isinstance(x, str) or isinstance(x, list) and bool(x) and all(isinstance(y, str) for y in x)
+    )
+
+
+def _flatten(data: list[str | list[str]]) -> list[str]:
+    return [y for x in data for y in (x if isinstance(x, list) else [x])]
 
 
 def _native(task: Task, texts: dict[str, list[str]], params: dict[str, Any], kind: str) -> Any:
@@ -467,18 +551,18 @@ def _route(
     suffix: str,
     summary: str,
     statuses: tuple[int, ...],
-    body: type[BaseModel] | None = None,
+    body: dict[str, Any] | None = None,
 ) -> None:
     extra = None
     if body is not None:  # read by the handler itself, to answer the protocol's 400s
-        schema = _inline(body.model_json_schema())
         extra = {
-            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}
+            "requestBody": {"required": True, "content": {"application/json": {"schema": body}}}
         }
     for path in _both(suffix):
         router.add_api_route(
-            path, handler, methods=[method], summary=summary, dependencies=[ApiKey],
-            responses=_documented(*statuses), openapi_extra=extra,
+            path, handler, methods=[method], summary=summary, responses=_documented(*statuses),
+            # infer checks the key itself, so that a 401 is counted as its other errors are
+            dependencies=[] if handler is _infer else [ApiKey], openapi_extra=extra,
         )  # fmt: skip
 
 
@@ -490,5 +574,5 @@ _route(
     "/infer",
     "Inference (see the README's table for each task's tensors)",
     (400, 401, 404, 413, 422, 429, 503),
-    InferRequest,
+    infer_schema(),
 )

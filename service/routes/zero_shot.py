@@ -8,15 +8,23 @@ from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer, as_list
 from service.routes.inference import Inference, InferenceRoute
-from service.schemas import ZeroShotAnswer, ZeroShotRequest
+from service.schemas import LabelScore, ZeroShotAnswer, ZeroShotRequest
 
 router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 
 
-@router.post("/zero-shot", response_model=ZeroShotAnswer | list[ZeroShotAnswer], responses=ERRORS)
+@router.post(
+    "/zero-shot",
+    response_model=ZeroShotAnswer
+    | list[ZeroShotAnswer]
+    | list[LabelScore]
+    | list[list[LabelScore]],
+    responses=ERRORS,
+)
 async def zero_shot(body: ZeroShotRequest, run: Inference) -> Response:
     """Per input `{sequence, labels, scores}`, best first (one object for a single string, as
-    the pipeline answers)."""
+    the pipeline answers). The Hugging Face form (`parameters`) gets per input a list of
+    `{label, score}`, as InferenceClient.zero_shot_classification parses it."""
     texts, single = as_list(body.inputs)
     labels = body.candidate_labels
     if isinstance(labels, str):  # the pipeline's comma-separated form
@@ -27,6 +35,18 @@ async def zero_shot(body: ZeroShotRequest, run: Inference) -> Response:
         model=body.model,
         hypothesis_template=body.hypothesis_template,
         multi_label=body.multi_label,
+        allow_single_text=body.allow_single_text,
         call=run,
     )
+    if body.parameters is not None:
+        return answer(
+            [
+                [
+                    {"label": label, "score": score}
+                    for label, score in zip(a["labels"], a["scores"], strict=True)
+                ]
+                for a in answers
+            ],
+            single,
+        )
     return answer(answers, single)

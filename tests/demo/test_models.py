@@ -72,3 +72,26 @@ def test_the_first_estimate_counts_the_other_work_on_the_machine():
     assert starting_pace(jobs=2, cpus=2, load=0.0) == 1.0  # idle: as measured
     assert starting_pace(jobs=2, cpus=2, load=2.0) == 2.0  # as busy as the build itself
     assert starting_pace(jobs=1, cpus=4, load=1.0) == 1.0  # spare cores
+
+
+@pytest.mark.parametrize(
+    ("name", "reads"), [("demo-sentiment", "single"), ("demo-reranker", "pairs")]
+)
+def test_an_older_builds_package_is_brought_up_to_date(tmp_path, name, reads):
+    """A package built before packages said what they read and what they are the default of
+    gets both, so that /rerank does not answer with demo-sentiment on an older build."""
+    import json
+
+    from benchmarks.tiny import build_tiny_package
+    from demo.models import DEFAULT_FOR, bring_up_to_date
+    from heads.package import read_package, write_package
+
+    folder = build_tiny_package(tmp_path / name, "classification", name=name).path
+    old = json.loads((folder / "package.json").read_text())
+    write_package(folder, {k: v for k, v in old.items()
+                           if k not in ("format", "sha256", "reads", "default_for")})  # fmt: skip
+    assert read_package(folder).reads == "unknown"
+    assert bring_up_to_date(folder, name)
+    pkg = read_package(folder)  # hashes still hold
+    assert (pkg.reads, list(pkg.default_for)) == (reads, DEFAULT_FOR[name])
+    assert not bring_up_to_date(folder, name)  # once

@@ -210,3 +210,22 @@ def test_find_packages(tmp_path: Path, package: Path) -> None:
     (tmp_path / "a-first" / "package.json").write_text("{}")
     assert find_packages(tmp_path) == [tmp_path / "a-first", package]
     assert find_packages(tmp_path / "absent") == []
+
+
+def test_reads_and_default_for_are_read_back_and_checked(package: Path) -> None:
+    """`reads`: what a classifier reads ("unknown" before the export recorded it);
+    `default_for`: the request tasks it answers when a request names no model."""
+    assert (read_package(package).reads, read_package(package).default_for) == ("unknown", ())
+    edit_manifest(package, reads="pairs", default_for=["classification", "rerank"])
+    pkg = read_package(package, verify=False)
+    assert (pkg.reads, pkg.default_for) == ("pairs", ("classification", "rerank"))
+    for changes, reason in [
+        ({"reads": "triples"}, "reads 'triples': a classification package reads one of"),
+        ({"default_for": ["embedding"]}, "'embedding', which a classification package does"),
+        ({"default_for": "rerank"}, "default_for must be a list"),
+        ({"reads": "single", "default_for": ["zero-shot"]}, "scores pairs, but the package"),
+    ]:
+        edit_manifest(package, **changes)
+        with pytest.raises(PackageError, match=reason):
+            read_package(package, verify=False)
+        edit_manifest(package, reads="pairs", default_for=[])

@@ -142,7 +142,12 @@ class Service:
         return self.app.state.registry
 
     async def metrics(self) -> str:
-        return (await self.client.get("/metrics")).text
+        """/metrics, with the first inference key when one is set (it guards /metrics unless
+        metrics_public)."""
+        key = self.app.state.settings.api_key
+        first = key.get_secret_value().split(",")[0].strip() if key else ""
+        headers = {"Authorization": f"Bearer {first}"} if first else {}
+        return (await self.client.get("/metrics", headers=headers)).text
 
 
 @asynccontextmanager

@@ -32,6 +32,7 @@ INFERENCE = [
     ("/embed", {"inputs": "a good film"}),
     ("/v1/embeddings", {"input": "a good film"}),
 ]
+V2_INFER = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}
 
 # -- the API key ---------------------------------------------------------------------------------
 
@@ -86,26 +87,59 @@ async def test_the_key_is_compared_in_constant_time_with_every_key(
     )
 
 
-@pytest.mark.parametrize("protect_metrics", [False, True])
-async def test_probes_stay_open_and_metrics_follow_protect_metrics(
-    model_dir: Path, protect_metrics: bool
-) -> None:
-    settings = Settings(model_dir=model_dir, api_key=KEY, protect_metrics=protect_metrics)
+# What the API key protects, path by path: (method, path, body, who may call it without the
+# key) where "probe" is anyone, "metrics" / "docs" anyone when metrics_public / docs_public,
+# and "key" the key holders only.
+PATHS: list[tuple[str, str, Any, str]] = [
+    *[("POST", path, body, "key") for path, body in INFERENCE],
+    ("POST", "/tokenize", {"inputs": "a", "model": "sst2"}, "key"),
+    ("POST", "/decode", {"ids": [1, 2], "model": "sst2"}, "key"),
+    ("GET", "/models", None, "key"),
+    ("GET", "/v2/models/sst2", None, "key"),
+    ("GET", "/v2/models/sst2/ready", None, "key"),
+    ("POST", "/v2/models/sst2/infer", V2_INFER, "key"),
+    ("GET", "/metrics", None, "metrics"),
+    ("GET", "/openapi.json", None, "docs"),
+    ("GET", "/docs", None, "docs"),
+    ("GET", "/redoc", None, "docs"),
+    ("GET", "/docs/assets/swagger-ui-bundle.js", None, "docs"),
+    ("GET", "/health", None, "probe"),
+    ("GET", "/ready", None, "probe"),
+    ("GET", "/v2/health/live", None, "probe"),
+    ("GET", "/v2/health/ready", None, "probe"),
+    ("GET", "/v2", None, "probe"),  # the protocol's server metadata: name and version
+]
+
+
+@pytest.mark.parametrize(
+    "public", [(), ("metrics",), ("docs",), ("metrics", "docs")], ids=lambda p: "+".join(p) or "-"
+)
+async def test_what_the_api_key_protects(model_dir: Path, public: tuple[str, ...]) -> None:
+    """With a key set: the probes are open, inference, /models and v2 model routes need it,
+    /metrics and the docs need it unless metrics_public / docs_public. Without a key set,
+    every path is open (tested below)."""
+    settings = Settings(
+        model_dir=model_dir,
+        api_key=KEY,
+        metrics_public="metrics" in public,
+        docs_public="docs" in public,
+    )
     async with serve(settings) as s:
-        assert (await s.client.get("/health")).status_code == 200
-        assert (await s.client.get("/ready")).status_code == 200
-        metrics = await s.client.get("/metrics")
-        assert metrics.status_code == (401 if protect_metrics else 200)
-        keyed = await s.client.get("/metrics", headers={"Authorization": f"Bearer {KEY}"})
-        assert keyed.status_code == 200
-        # the API description is public: it holds no secret and clients need it to call
-        assert (await s.client.get("/openapi.json")).status_code == 200
+        for method, path, body, who in PATHS:
+            open_to_all = who == "probe" or who in public
+            for headers in ({}, {"Authorization": f"Bearer {KEY}"}):
+                r = await s.client.request(method, path, json=body, headers=headers)
+                want = 200 if headers or open_to_all else 401
+                assert r.status_code == want, (path, headers, r.text[:300])
+                if want == 401:
+                    assert r.headers["www-authenticate"] == "Bearer", path
 
 
 async def test_without_a_key_everything_is_open(model_dir: Path) -> None:
     async with serve(Settings(model_dir=model_dir)) as s:
-        for path, body in INFERENCE:
-            assert (await s.client.post(path, json=body)).status_code == 200, path
+        for method, path, body, _ in PATHS:
+            r = await s.client.request(method, path, json=body)
+            assert r.status_code == 200, (path, r.text[:300])
 
 
 # -- limits --------------------------------------------------------------------------------------

@@ -1,93 +1,68 @@
-"""Schema fuzzing: schemathesis generates requests for every operation of the OpenAPI document,
-valid ones (positive) and ones that break the schema (negative), and sends them to a real
-uvicorn server with a tiny package of each task. No answer may be a 5xx, every answer must
-conform to the document (status declared, content type, body schema), and a request that breaks
-the schema must be refused with a 4xx.
+"""Schema fuzzing (issue 48), CI's short run (`make fuzz`): benchmarks.fuzz's cases through
+pytest, one test per operation and generation mode (and per model for the v2 infer route),
+against `python -m service` on tiny packages of every task. schemathesis generates requests
+the published OpenAPI document admits and requests it refuses; no answer may be a 5xx or
+differ from the document, a refused request must get a 4xx, and an admitted one a 2xx unless
+the server's state or a rule between fields refuses it (benchmarks.fuzz.REFUSALS).
 
-Bounded for CI (FUZZ_EXAMPLES per operation and mode, 50 by default) and reproducible
-(derandomized); for a deeper run: FUZZ_EXAMPLES=1000 pytest tests/service/test_fuzz.py -s.
-
-Not checked: that every schema-valid request is accepted. Limits that only the settings know
-(max_client_batch_size, max_text_chars, the model window with truncate=false) and model names
-refuse some schema-valid requests with their documented 413, 422 or 404.
+Reproducible (seed FUZZ_SEED, 0) and bounded (FUZZ_EXAMPLES per case, 20): 2-4 minutes on
+2 cores. The longer run with its tables: `python -m benchmarks.fuzz` (results/fuzz.md).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
-import hypothesis
 import pytest
-import requests
 import schemathesis
 
+from benchmarks import fuzz
 from service.app import create_app
 from service.settings import Settings
-from tests.service.conftest import LiveServer, all_tasks
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "50"))
-CONFIG = schemathesis.Config.from_dict(
-    {
-        "checks": {
-            "positive_data_acceptance": {"enabled": False},  # see the module docstring
-            # a request over the limits is refused with 413 before anything else is checked
-            "negative_data_rejection": {"expected-statuses": ["4xx"]},
-        }
-    }
-)
-# The routes do not depend on the settings: the document of a default app is the served one.
-SCHEMA = schemathesis.openapi.from_dict(create_app(Settings()).openapi(), config=CONFIG)
-OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_operations())}
-CASES = [
-    (label, mode)
-    for label, op in OPERATIONS.items()
-    for mode in ("positive", "negative")
-    if mode == "positive" or op.body
+pytestmark = pytest.mark.fuzz
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
+SEED = int(os.environ.get("FUZZ_SEED", "0"))
+# The cases, named before the server starts: the routes do not depend on the settings, so the
+# document of a default app is the one served; the versions are only known once it is up.
+IDS = [
+    t.id
+    for t in fuzz.targets(
+        schemathesis.openapi.from_dict(create_app(Settings()).openapi()),
+        dict.fromkeys(fuzz.MODELS, "?"),
+    )
 ]
-TALLY: Counter[tuple[str, int]] = Counter()  # (operation, status) -> requests
+STATUSES: Counter[int | None] = Counter()
 
 
 @pytest.fixture(scope="module")
-def server(
-    tmp_path_factory: pytest.TempPathFactory, make_package: Callable[..., Path]
-) -> Iterator[LiveServer]:
-    models = all_tasks(tmp_path_factory.mktemp("fuzz") / "models", make_package)
-    # small limits, so that generated requests reach them (and inference stays cheap)
-    settings = Settings(
-        model_dir=models, max_client_batch_size=8, max_text_chars=2000, payload_limit=100_000
-    )
-    server = LiveServer(create_app(settings)).start()
-    yield server
-    server.stop()
-    statuses = Counter(status for (_, status) in TALLY.elements())
-    server_errors = sum(n for status, n in statuses.items() if status >= 500)
-    print(
-        f"\nfuzzed {sum(statuses.values())} requests over {len(OPERATIONS)} operations: "
-        f"{dict(sorted(statuses.items()))}; 5xx: {server_errors}"
-    )
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
+    models = fuzz.build_models(tmp_path_factory.mktemp("fuzz") / "models")
+    with fuzz.live_server(models) as url:
+        found = fuzz.targets(fuzz.load_schema(url), fuzz.model_versions(url))
+        yield url, {t.id: t for t in found}
+    print(f"\nfuzzed {sum(STATUSES.values())} requests: {dict(STATUSES)}")
 
 
-@pytest.mark.parametrize(("label", "mode"), CASES, ids=[f"{lb} {m}" for lb, m in CASES])
-def test_every_answer_is_a_documented_non_5xx(server: LiveServer, label: str, mode: str) -> None:
-    operation = OPERATIONS[label]
-    session = requests.Session()
-    generation = schemathesis.GenerationMode(mode)
+@pytest.mark.parametrize("case", IDS)
+def test_every_answer_is_documented_and_every_refusal_has_a_reason(
+    server: tuple[str, dict[str, fuzz.Target]], case: str
+) -> None:
+    url, targets = server
+    outcomes = fuzz.run_target(targets[case], url, EXAMPLES, SEED)
+    STATUSES.update(o.status for o in outcomes)
+    failures = [
+        f"{kind}: {detail}\n    {o.request}"
+        for o in outcomes
+        for kind, detail in o.findings
+        if kind in fuzz.KINDS
+    ]
+    assert not failures, f"{len(failures)} of {len(outcomes)} requests:\n" + "\n".join(failures)
 
-    @hypothesis.settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(hypothesis.HealthCheck),
-        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate, hypothesis.Phase.shrink],
-    )
-    @hypothesis.given(case=operation.as_strategy(generation_mode=generation))
-    def fuzz(case: schemathesis.Case) -> None:
-        response = case.call(base_url=server.url, session=session, timeout=30)
-        TALLY[label, response.status_code] += 1
-        case.validate_response(response)
 
-    fuzz()
+def test_the_cases_cover_every_operation() -> None:
+    operations = set(create_app(Settings()).openapi()["paths"])
+    assert {i.split(" ")[1] for i in IDS} == operations

@@ -113,6 +113,7 @@ async def test_models_lists_each_packages_endpoints(served: Service):
         "/zero-shot",
         "/rerank",
         "/v1/rerank",
+        "/v2/rerank",
         "/tokenize",
         "/decode",
     ]

@@ -244,3 +244,40 @@ async def test_a_kserve_model_folder_is_served_under_the_name_given(
         assert (m["name"], m["path"]) == ("sentiment", str(package))
     async with serve(Settings(model_dir=package)) as s:  # no name given: the folder's
         assert (await s.client.get("/v2/models/mnt-models/ready")).status_code == 200
+
+
+async def test_infer_errors_are_counted_as_the_native_routes_count_theirs(model_dir: Path) -> None:
+    """bert_heads_request_failures counts the v2 infer route's errors by reason (issue 48),
+    labelled with the model when the path names a loaded one; a name that is not loaded is
+    no label (as on the native routes), so a client cannot add series at will."""
+    key = {"Authorization": "Bearer k"}
+    text = [text_tensor("text", ["a"])]
+    async with serve(Settings(model_dir=model_dir, api_key="k", max_text_chars=100)) as s:
+        post = s.client.post
+        assert (await post("/v2/models/sst2/infer", json={"inputs": text})).status_code == 401
+        r = await post("/v2/models/nope/infer", json={"inputs": text}, headers=key)
+        assert r.status_code == 404
+        r = await post("/v2/models/sst2/infer", content=b'{"inputs": NaN}', headers=key)
+        assert r.status_code == 400
+        bad = {"inputs": [text_tensor("txt", ["a"])]}
+        assert (await post("/v2/models/sst2/infer", json=bad, headers=key)).status_code == 400
+        long = {"inputs": [text_tensor("text", ["x" * 101])]}
+        assert (await post("/v2/models/conll/infer", json=long, headers=key)).status_code == 413
+        assert (await post("/v2/models/sst2/infer", json={"inputs": text}, headers=key)).is_success
+        metrics = (await s.client.get("/metrics", headers=key)).text
+    failures = {
+        ("", "", "unauthorized"): 1,
+        ("", "", "model_not_found"): 1,
+        ("sst2", "classification", "bad_request"): 2,
+        ("conll", "token-classification", "payload_too_large"): 1,
+        ("sst2", "classification", "validation"): 0,
+    }
+    for (model, task, reason), n in failures.items():
+        got = metric(
+            metrics, "bert_heads_request_failures_total", model=model, task=task, reason=reason
+        )
+        assert got == n, (model, task, reason)
+    assert 'model="nope"' not in metrics
+    route = {"endpoint": "/v2/models/{name}/infer", "model": "sst2", "task": "classification"}
+    assert metric(metrics, "bert_heads_requests_total", **route, status="400") == 2
+    assert metric(metrics, "bert_heads_requests_total", **route, status="200") == 1

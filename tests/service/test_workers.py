@@ -15,25 +15,23 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 
-from service.workers import Dealer, share_of_cores
+from benchmarks._server import worker_pids
+from service.dealer import Dealer
+from service.workers import share_of_cores
 from tests.service.conftest import metric
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 20
 
 
-def spawned_workers(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-
-
-@contextmanager
-def two_workers(tmp_path: Path, make_package: Callable[..., Path]) -> Iterator[tuple[str, int]]:
-    """`python -m service --workers 2` on a free port, ready: (its URL, the parent's pid).
-    SIGTERM afterwards: both stop cleanly (exit 0, no traceback)."""
+def start_two_workers(
+    tmp_path: Path, make_package: Callable[..., Path]
+) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m service --workers 2` on a free port, ready: (the parent, its URL, its log)."""
     models = tmp_path / "models"
     models.mkdir()
     make_package(models, "classification")
@@ -46,21 +44,32 @@ def two_workers(tmp_path: Path, make_package: Callable[..., Path]) -> Iterator[t
         [sys.executable, "-m", "service", "--workers", "2", "--model-dir", str(models),
          "--port", str(port), "--drain-timeout", "5"],
         cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,  # a process group of its own, as a terminal would start it
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/ready").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(log.read_text())
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError(f"not ready:\n{log.read_text()}")
+    assert len(worker_pids(proc.pid)) == 2
+    return proc, url, log
+
+
+@contextmanager
+def two_workers(tmp_path: Path, make_package: Callable[..., Path]) -> Iterator[tuple[str, int]]:
+    """`python -m service --workers 2` on a free port, ready: (its URL, the parent's pid).
+    SIGTERM afterwards: both stop cleanly (exit 0, no traceback)."""
+    proc, url, log = start_two_workers(tmp_path, make_package)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"not ready:\n{log.read_text()}")
-        assert len(spawned_workers(proc.pid)) == 2
         yield url, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -117,7 +126,7 @@ def test_keep_alive_clients_are_shared_between_the_workers(
             await asyncio.gather(*(c.aclose() for c in clients))
 
     with two_workers(tmp_path, make_package) as (url, parent):
-        pids = spawned_workers(parent)
+        pids = worker_pids(parent)
         before = [worker_cpu(pid) for pid in pids]
         asyncio.run(load(url))
         used = [worker_cpu(pid) - b for pid, b in zip(pids, before, strict=True)]
@@ -145,6 +154,38 @@ def test_the_dealer_gives_each_connection_to_the_worker_with_the_fewest_open() -
             pairs[0][1].close()
             pairs[2][1].close()
             assert dealer.deal(conns[1]) is None and not any(dealer.taking)
+        finally:
+            for c in conns:
+                c.close()
+            for a, b in pairs:
+                a.close()
+                b.close()
+
+
+def test_once_started_the_dealer_deals_only_to_workers_that_have_loaded() -> None:
+    """Before the first start is over, a worker still loading takes connections (it answers
+    /ready with 503 `loading`); after it, a replacement still loading gets none, and with no
+    worker serving the dealer deals nothing (it leaves connections in the backlog); while
+    stopping, every worker that takes connections gets them (it answers 503 `draining`)."""
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(3)]
+    loaded, started = [1, 0], SimpleNamespace(value=0)
+    with socket.socket() as listener:
+        dealer = Dealer(listener, [p for p, _ in pairs[:2]], [0, 0], loaded, started)
+        conns = [socket.socket() for _ in range(3)]
+        try:
+            assert dealer.eligible() == [0, 1]
+            started.value = 1
+            assert dealer.eligible() == [0]
+            assert [dealer.deal(c) for c in conns[:2]] == [0, 0]
+            dealer.retire(0)  # worker 0 died
+            assert dealer.eligible() == [] and dealer.deal(conns[2]) is None
+            dealer.replace(0, pairs[2][0])  # its replacement, still loading
+            loaded[0] = 0
+            assert dealer.eligible() == [] and dealer.dealt[0] == 0
+            loaded[0] = 1
+            assert dealer.deal(conns[2]) == 0 and dealer.dealt[0] == 1
+            dealer.stopping = True
+            assert dealer.eligible() == [0, 1]
         finally:
             for c in conns:
                 c.close()

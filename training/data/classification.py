@@ -52,6 +52,12 @@ def read_classification(path: str | Path) -> list[TextExample]:
     return require_rows(examples, path, EXPECTED)
 
 
+def reads(path: str | Path) -> str:
+    """What a classifier trained on `path` reads: "pairs" when its examples have a second
+    text (sentence2, text_pair), else "single" (package.json `reads`)."""
+    return "pairs" if any(e.text_pair is not None for e in read_classification(path)) else "single"
+
+
 def label_vocabulary(examples: list[TextExample], known: list[str] | None = None) -> list[str]:
     """Label names in id order. `known` (the checkpoint's id2label) is kept when the data uses
     its names or its ids (a GLUE TSV's 0/1 against a checkpoint fine-tuned with `--labels

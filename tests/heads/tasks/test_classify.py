@@ -3,6 +3,8 @@ pipeline's."""
 
 from __future__ import annotations
 
+import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +12,17 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from heads.rows import InvalidInput, longest_first, prepare_tokenizer, template
+from heads.rows import (
+    InvalidInput,
+    load_package_tokenizer,
+    longest_first,
+    prepare_tokenizer,
+    template,
+)
 from heads.tasks import classify
+from tests.conftest import EXAMPLES
 from tests.heads.tasks.conftest import as_lists, forward, sst2_sentences
+from tests.heads.tasks.served import run_rows
 
 # --- preprocess -----------------------------------------------------------------------------
 
@@ -114,12 +124,69 @@ def test_sigmoid_is_stable_and_bad_requests_are_input_errors() -> None:
     logits = np.array([[-1000.0, 1000.0]], dtype=np.float32)
     scores = classify.postprocess(logits, ["a", "b"], "multi_label", top_k=None)[0]
     assert [s["score"] for s in scores] == [1.0, 0.0]
+    # either sign, and the fractions between -1 and 1: the logistic function itself
+    x = [-6.0, -2.5, -0.75, -0.25, 0.0, 0.25, 0.75, 2.5, 6.0]
+    scores = classify.postprocess(np.array([x]), list("abcdefghi"), "multi_label", top_k=None)[0]
+    assert [s["score"] for s in scores] == pytest.approx(
+        [1 / (1 + math.exp(-v)) for v in reversed(x)], rel=1e-12
+    )
     with pytest.raises(InvalidInput, match="function_to_apply"):
         classify.postprocess(logits, ["a", "b"], "single_label", "tanh")
     with pytest.raises(InvalidInput, match="top_k"):
         classify.postprocess(logits, ["a", "b"], "single_label", top_k=0)
     with pytest.raises(ValueError, match="labels"):
         classify.postprocess(logits, ["a"], "single_label")
+
+
+def test_softmax_is_per_row_and_holds_for_large_logits() -> None:
+    """Each row is normalised on its own: rows far apart in scale, or logits near float32's
+    exp overflow, give the scores of the same logits shifted to zero."""
+    base = np.array([2.0, 0.0, -1.0])
+    want = np.exp(base) / np.exp(base).sum()  # e^x / sum e^x, with no overflow at this scale
+    logits = np.stack([base, base + 800.0, base - 800.0]).astype(np.float32)
+    answers = classify.postprocess(logits, ["a", "b", "c"], "single_label", top_k=None)
+    for answer in answers:
+        assert [x["label"] for x in answer] == ["a", "b", "c"]
+        assert [x["score"] for x in answer] == pytest.approx(want, rel=1e-6)
+
+
+def test_ties_keep_label_order_among_many_labels() -> None:
+    """The pipeline sorts with Python's stable sort; numpy's default sort is not stable past
+    16 elements, so the order among equal scores is checked on 40 labels."""
+    labels = [f"l{j}" for j in range(40)]
+    logits = np.zeros((1, 40), dtype=np.float32)
+    logits[0, ::7] = 1.0
+    answer = classify.postprocess(logits, labels, "single_label", top_k=None)[0]
+    want = sorted(range(40), key=lambda j: -logits[0, j])  # Python's sort: stable
+    assert [x["label"] for x in answer] == [labels[j] for j in want]
+
+
+@pytest.mark.parametrize(
+    ("problem_type", "num_labels", "function"),
+    [
+        ("single_label", 2, "softmax"),
+        ("single_label", 1, "sigmoid"),  # a softmax over one logit is always 1
+        ("multi_label", 3, "sigmoid"),
+        ("multi_label", 1, "sigmoid"),
+        ("regression", 1, "none"),
+        ("regression", 3, "none"),
+        # a transformers config's names
+        ("single_label_classification", 3, "softmax"),
+        ("single_label_classification", 1, "sigmoid"),
+        ("multi_label_classification", 2, "sigmoid"),
+    ],
+)
+def test_default_function_is_the_pipelines_rule(
+    problem_type: str, num_labels: int, function: str
+) -> None:
+    """transformers' TextClassificationPipeline.postprocess: regression -> none; multi-label
+    or a single output -> sigmoid; otherwise softmax."""
+    assert classify.default_function(problem_type, num_labels) == function
+
+
+def test_an_unknown_problem_type_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown problem_type 'ordinal'; expected one of \["):
+        classify.default_function("ordinal", 3)
 
 
 # --- parity with transformers' pipeline on real sentences ----------------------------------
@@ -181,6 +248,84 @@ def test_same_answers_as_the_pipeline(
         assert [x["score"] for o in ours for x in o] == pytest.approx(
             [x["score"] for t in theirs for x in t], abs=1e-4
         )
+
+
+def shipped_sentences() -> list[str]:
+    """The dev sentences of examples/data/sentiment and examples/data/topics (30)."""
+    with open(EXAMPLES / "sentiment" / "dev.tsv", encoding="utf-8") as f:
+        texts = [r["sentence"] for r in csv.DictReader(f, delimiter="\t")]
+    with open(EXAMPLES / "topics" / "dev.csv", encoding="utf-8") as f:
+        return texts + [r["text"] for r in csv.DictReader(f)]
+
+
+# (problem type, labels, a function that is not the default): every default function, and a
+# lone output that is not a regression
+PROBLEMS = [
+    ("single_label", ["negative", "positive"], "none"),
+    ("single_label", ["yes"], "none"),
+    ("multi_label", ["sport", "cooking", "computing"], "softmax"),
+    ("regression", ["score"], "sigmoid"),
+]
+
+
+def option_sets(other: str) -> list[dict[str, Any]]:
+    """One Job's options each; jobs with the same options are not neighbours, so each must
+    find its own rows among the others' (`answer_many` groups jobs by options)."""
+    return [{}, {"top_k": None}, {"function_to_apply": other, "top_k": None}, {}, {"top_k": 2}]
+
+
+@pytest.mark.parametrize(("problem_type", "labels", "other"), PROBLEMS)
+def test_jobs_answered_together_answer_as_the_pipeline(
+    tmp_path: Path, problem_type: str, labels: list[str], other: str
+) -> None:
+    """Jobs with different options, their rows run through the exported package in ONNX
+    Runtime and answered together (`answer_many`, as the batcher does), each get the
+    text-classification pipeline's answer for their own inputs, on the same checkpoint: the
+    package's problem type picks the function, top_k is 1 unless asked, function_to_apply
+    overrides. Runs on the repository's own text."""
+    pytest.importorskip("torch")
+    from transformers import pipeline
+
+    from benchmarks.tiny import STANDIN_RANGE, build_tiny_package
+
+    pkg = build_tiny_package(
+        tmp_path / "package", "classification", labels=labels, problem_type=problem_type,
+        checkpoint_dir=tmp_path / "checkpoint", initializer_range=STANDIN_RANGE,
+    )  # fmt: skip
+    pipe = pipeline("text-classification", model=str(tmp_path / "checkpoint"), device="cpu")
+    texts = shipped_sentences()
+    inputs: list[Any] = [*texts, *zip(texts[:5], texts[25:], strict=True)]
+    options = option_sets(other)
+    jobs = [classify.Job(pkg, inputs[i :: len(options)], **o) for i, o in enumerate(options)]
+    tokenizer = load_package_tokenizer(pkg.tokenizer_path)
+    outputs = [
+        run_rows(
+            pkg, job.rows(tokenizer, tokenizer.encode_batch(job.texts, add_special_tokens=False))
+        )
+        for job in jobs
+    ]
+    answers = classify.Job.answer_many(jobs, outputs)
+    for job, o, answer in zip(jobs, options, answers, strict=True):
+        hf_inputs = [
+            x if isinstance(x, str) else {"text": x[0], "text_pair": x[1]} for x in job.inputs
+        ]
+        theirs = pipe(
+            hf_inputs, top_k=o.get("top_k", 1), function_to_apply=o.get("function_to_apply")
+        )
+        assert len(answer) == len(theirs) == len(job.inputs)
+        for ours, want in zip(answer, theirs, strict=True):
+            assert [x["label"] for x in ours] == [x["label"] for x in want]
+            assert [x["score"] for x in ours] == pytest.approx([x["score"] for x in want], abs=1e-4)
+    with pytest.raises(ValueError, match=f"do not match {len(labels)} labels"):
+        classify.Job.answer_many(jobs[:1], [[{"logits": np.zeros(len(labels) + 1)}]])
+
+
+def test_job_options_are_checked_when_it_is_made() -> None:
+    """A bad option is refused before any compute (the route's 422)."""
+    with pytest.raises(InvalidInput, match="top_k must be at least 1, not 0"):
+        classify.Job(_toy_package(), ["a"], top_k=0)
+    with pytest.raises(InvalidInput, match="function_to_apply must be one of"):
+        classify.Job(_toy_package(), ["a"], function_to_apply="tanh")
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])
