@@ -26,9 +26,8 @@ from service.batch.flags import flag_kind, metavar, parse_flag, short
 from service.batch.output import OutputError
 from service.batch.read import FORMATS
 from service.batch.read import InputError as ReadError
-from service.batch.run import Plan, RunError, run
+from service.batch.run import Plan, RunError, release_memory, run
 from service.batch.tasks import TASKS, Task
-from service.malloc import keep_large_blocks_mapped
 from service.settings import Settings
 
 EXAMPLES = """examples (after `make models`; the input files are the repository's examples/data):
@@ -239,7 +238,7 @@ def plan_and_settings(argv: list[str] | None = None) -> tuple[Plan, Settings, ar
 
 def main(argv: list[str] | None = None) -> int:
     plan, settings, args = plan_and_settings(argv)
-    keep_large_blocks_mapped()  # as the server: freed buffers go back (service/malloc.py)
+    release_memory()
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s"
     )

@@ -9,17 +9,21 @@ the package once, and calls it with batches of rows (Arrow tables).
     ds = ds.map_batches(
         Predictor,
         fn_constructor_kwargs={"task": "embed", "model_dir": "/models", "model": "minilm",
-                               "columns": {"text": "sentence"}, "options": {"normalize": True}},
-        compute=ray.data.ActorPoolStrategy(size=8),  # Ray >= 2.44: `concurrency` is deprecated
-        num_cpus=4,                                   # per actor; its ONNX Runtime threads
+                               "columns": {"text": "sentence"}, "options": {"normalize": True},
+                               "settings": {"intra_op_threads": 4}},
+        compute=ray.data.ActorPoolStrategy(size=8),  # Ray 2.5x: `concurrency=` is deprecated
+        num_cpus=4,  # per actor: its ONNX Runtime threads
         batch_size=1024,
         batch_format="pyarrow",
     )
     ds.write_parquet("s3://bucket/embeddings/")
 
 Each output batch is the input batch plus the answer column (the task's name for it, or
-`output_column`), `error`: null, or why that row has no answer (the message the endpoint
-would have sent), and its `error_type`. The options are the endpoint's body fields, checked by that body.
+`output_column`), `error` (null, or why the row has no answer: the message the endpoint would
+have sent) and `error_type`. The options are the endpoint's body fields, checked by that body;
+`settings`, the engine's (service.settings.Settings fields). Leave a CPU per node beside the
+actors' (a local Ray: `ray.init(num_cpus=cores + 1)`): Ray Data's read tasks need one of their
+own, or they wait for an actor that waits for them.
 
 `run_on_ray` is `python -m service.batch ... --ray`: Ray Data reads the file (its own readers:
 a malformed JSON line or CSV record fails the read there), the actors answer, and this process
@@ -53,10 +57,10 @@ from service.batch.run import (
     engine_settings,
     part_table,
     probe,
+    release_memory,
 )
 from service.batch.tasks import TASKS, check_rows, to_arrow
 from service.engine import Engine
-from service.malloc import keep_large_blocks_mapped
 from service.settings import Settings
 
 ERROR, ERROR_TYPE = "error", "error_type"
@@ -83,7 +87,7 @@ class Predictor:
         self.columns = columns or {c.role: c.default for c in self.task.columns if c.default}
         self.plan = Plan(self.task, self.task.options(options or {}), Path(), Path(),
                          self.columns, output_column=output_column, model=model)  # fmt: skip
-        keep_large_blocks_mapped()  # as the server (service/malloc.py): an actor is a process
+        release_memory()  # an actor is a process of its own
         base = Settings(**{"model_dir": Path(model_dir), **(settings or {})})
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name="engine").start()

@@ -900,9 +900,9 @@ class Stepped(FakeBackend):
         self.steps.acquire(timeout=10)
         return super().run(feeds, alone)
 
-    async def started(self) -> None:
-        """Wait until the next batch has started."""
-        assert await asyncio.to_thread(self.begun.acquire, True, 5)
+    async def started(self, timeout: float = 5) -> bool:
+        """Whether the next batch starts within `timeout` seconds."""
+        return await asyncio.to_thread(self.begun.acquire, True, timeout)
 
 
 async def one_lane_three_batches() -> tuple[Batcher, Stepped, list[asyncio.Future[Any]]]:
@@ -910,7 +910,7 @@ async def one_lane_three_batches() -> tuple[Batcher, Stepped, list[asyncio.Futur
     backend = Stepped()
     batcher, _ = make(backend, size=1)
     a, b = (batcher.enqueue(Rows([seq(3, k)]), deadline()) for k in (1, 10))
-    await backend.started()  # a
+    assert await backend.started()  # a
     c = batcher.enqueue(Rows([seq(3, 20)]), deadline())
     await asyncio.sleep(0.05)  # the worker has seen c; the pocket holds one batch
     return batcher, backend, [a, b, c]
@@ -918,8 +918,9 @@ async def one_lane_three_batches() -> tuple[Batcher, Stepped, list[asyncio.Futur
 
 async def test_a_lanes_pocket_holds_one_batch_and_the_rest_waits_its_turn() -> None:
     batcher, backend, (a, b, c) = await one_lane_three_batches()
+    assert not await backend.started(0.3)  # one lane: b waits for a
     backend.steps.release()  # a ends, b starts
-    await backend.started()
+    assert await backend.started()
     assert (await a)[0]["total"] == 1 + 2 + 3
     backend.steps.release(2)
     answers = await asyncio.wait_for(asyncio.gather(b, c), 5)
@@ -934,7 +935,7 @@ async def test_stop_fails_the_batches_a_lane_holds(running: str) -> None:
     batcher, backend, requests = await one_lane_three_batches()
     if running == "second batch":
         backend.steps.release()
-        await backend.started()
+        assert await backend.started()
         await requests.pop(0)  # answered
     await batcher.stop()
     backend.steps.release(3)  # let the lane's thread end
