@@ -152,6 +152,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
 
 def run_target(name: str, target: Target, source: Path, jobs: int, work: Path) -> dict:
     tree = work / name
+    measured = tree_name(source)  # now: the source may change while mutmut runs
     copy_tree(source, tree)
     empty = tree.parent / f"{name}-no-shared-data"
     empty.mkdir(parents=True, exist_ok=True)
@@ -191,7 +192,7 @@ def run_target(name: str, target: Target, source: Path, jobs: int, work: Path) -
         "score": round(killed / total, 4) if total else None,
         "seconds": round(seconds),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {jobs} mutants at once",
-        "tree": tree_name(source),
+        "tree": measured,
         "date": time.strftime("%Y-%m-%d"),
         "survivors": {k: diffs[k] for k in survivors},
     }

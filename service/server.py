@@ -159,6 +159,10 @@ class DrainingServer(uvicorn.Server):
             self.inbox.open(self)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.inbox is not None and sig == signal.SIGINT:
+            # a worker of several: Ctrl-C reached the whole group and the parent sends SIGTERM;
+            # taken as a second signal, it would skip the drain when it comes after that one
+            return
         # uvicorn's own handler also records the signal and raises it again once the server has
         # stopped, so the process ends killed by it (143): a drained stop is a success here
         if sig in (signal.SIGINT, signal.SIGTERM):

@@ -121,6 +121,11 @@ class Shared:
 def _worker(
     settings: Settings, channel: socket.socket, shared: Shared, i: int, parent: int
 ) -> None:
+    # Ctrl-C reaches the whole process group, and the parent turns it into SIGTERM for every
+    # worker: a worker takes no SIGINT of its own. Blocked from before this process existed
+    # (see Supervisor._start), so one that arrives while it imports is dropped, not raised.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent)
     from service.server import Inbox, Shed, WorkerLink, serve
 
@@ -243,7 +248,13 @@ class Supervisor:
             target=_worker, args=(self.settings, child_end, self.shared, i, os.getpid()),
             name=f"worker-{i}",
         )  # fmt: skip
-        process.start()
+        # the child inherits the blocked SIGINT through fork and exec; here it waits until the
+        # unblock, so a Ctrl-C during the start still stops the parent
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         child_end.close()  # the worker has its own: its end closing is its "no more"
         slot = self.slots[i]
         slot.process, slot.serving, slot.signalled = process, False, False

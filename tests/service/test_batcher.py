@@ -323,6 +323,20 @@ async def test_concurrent_requests_share_batches_within_budgets() -> None:
     await batcher.stop()
 
 
+async def test_a_job_enqueued_alone_gets_batches_of_its_own() -> None:
+    """The offline batch command's calls (`alone`): the jobs beside it still share theirs."""
+    backend = FakeBackend()
+    batcher, _ = make(backend)
+    requests = [
+        batcher.enqueue(Rows([seq(3, 1)]), deadline()),
+        batcher.enqueue(Rows([seq(3, 10)]), deadline(), alone=True),
+        batcher.enqueue(Rows([seq(3, 20)]), deadline()),
+    ]
+    await asyncio.gather(*requests)
+    assert [b[:, 0].tolist() for b in backend.batches] == [[1, 20], [10]]
+    await batcher.stop()
+
+
 async def test_similar_lengths_share_a_batch() -> None:
     backend = FakeBackend(hold_first=True)
     batcher, _ = make(backend, tokens=4 * 40, size=4)

@@ -124,16 +124,25 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(
     assert {got for _, got in load.ready if got.isdigit()} == {"200"}, load.ready
 
 
+@pytest.mark.parametrize("order", ["group", "parent first"])
 def test_ctrl_c_stops_the_parent_and_the_workers_with_status_0(
-    tmp_path: Path, make_package: Callable[..., Path]
+    tmp_path: Path, make_package: Callable[..., Path], order: str
 ) -> None:
     """A terminal's Ctrl-C reaches the whole process group: every worker drains (the parent
-    turns the SIGINT into SIGTERM for them, so a second one cannot skip the drain), and no
-    worker is taken for dead and replaced."""
+    turns the SIGINT into SIGTERM for them; a worker takes no SIGINT of its own, so one that
+    arrives after the SIGTERM cannot skip the drain), and no worker is taken for dead and
+    replaced. "parent first" forces the order that failed once in CI: the parent's SIGTERM
+    reaches a worker before the worker's own SIGINT."""
     proc, _, log = start_two_workers(tmp_path, make_package)
     workers = worker_pids(proc.pid)
     try:
-        os.killpg(proc.pid, signal.SIGINT)
+        if order == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+            wait_for(lambda: "stopping 2 workers" in log.read_text(), 10, "stop")
+            for w in workers:
+                os.kill(w, signal.SIGINT)
         rc = proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
