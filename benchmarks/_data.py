@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from heads.package import ModelPackage
-from heads.rows import Sequence, load_package_tokenizer
+from heads.rows import ModelRow, load_package_tokenizer
 from heads.tasks import classify, embed, ner, qa
 from training.data.classification import read_classification
 from training.data.squad import read_squad
@@ -56,7 +56,7 @@ class Item:
     """
 
     body: dict[str, Any]
-    rows: list[Sequence]
+    rows: list[ModelRow]
     peer: Any
     label: str | None = None
     prepared: Any = None

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from heads.rows import Sequence, pad
+from heads.rows import ModelRow, pad
 from service.batcher import CPU_PAD_LIMIT, pad_limit
 from service.job_queue import next_batch
 from service.runtime import CPU, OrtBackend, cuda_provider, preload_cuda_libraries
@@ -31,7 +31,7 @@ def open_session(model_path: Path, threads: int, spinning: bool, device: str = "
 
 
 def feeds_for(
-    backend: OrtBackend, rows: list[Sequence], pad_token_id: int = 0
+    backend: OrtBackend, rows: list[ModelRow], pad_token_id: int = 0
 ) -> dict[str, np.ndarray]:
     """Padded (B, T) feeds in the session's input names and dtypes (built before timing).
     pad_token_id: the package's (`ModelPackage.pad_token_id`) where answers matter; speed
@@ -44,8 +44,8 @@ def feeds_for(
 
 
 def _batches(
-    rows: list[Sequence], size: int, order: str, limit: int | None = CPU_PAD_LIMIT
-) -> list[list[Sequence]]:
+    rows: list[ModelRow], size: int, order: str, limit: int | None = CPU_PAD_LIMIT
+) -> list[list[ModelRow]]:
     """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
     batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
     cut by `next_batch` as the batcher cuts its queue (default token and size limits; the
@@ -57,7 +57,7 @@ def _batches(
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def _policy(window: list[Sequence], limit: int | None) -> list[list[Sequence]]:
+def _policy(window: list[ModelRow], limit: int | None) -> list[list[ModelRow]]:
     defaults = Settings.model_fields
     tokens, most = defaults["max_batch_tokens"].default, defaults["max_batch_size"].default
     out = []
@@ -86,7 +86,7 @@ def spread(n: int) -> list[int]:
 
 
 def throughput(
-    backend: OrtBackend, rows: list[Sequence], size: int, order: str, budget: float
+    backend: OrtBackend, rows: list[ModelRow], size: int, order: str, budget: float
 ) -> dict[str, Any]:
     """Rows/s of back-to-back session.run calls over `rows` cut into batches of `size`
     (in arrival order, sorted by length, or as the batcher cuts windows of `size`), for about
@@ -125,7 +125,7 @@ def throughput(
 
 
 def request_latency(
-    backend: OrtBackend, requests: list[list[Sequence]], budget: float
+    backend: OrtBackend, requests: list[list[ModelRow]], budget: float
 ) -> dict[str, float]:
     """Milliseconds of one session.run over one request's rows (batch 1 for a single text;
     a long QA context's windows together, as the idle service runs them), request after

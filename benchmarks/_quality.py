@@ -23,7 +23,7 @@ import numpy as np
 from benchmarks._data import SST2_LABELS, Item
 from benchmarks._engine import feeds_for, open_session
 from heads.package import ModelPackage
-from heads.rows import Outputs, Sequence, load_package_tokenizer, pad_id
+from heads.rows import ModelRow, Outputs, load_package_tokenizer, pad_id
 from heads.tasks import embed, qa
 from service.registry import sequence_outputs
 from training.data.pairs import ScoredPair, read_pairs
@@ -33,7 +33,7 @@ BATCH = 32
 
 
 def row_outputs(
-    package: ModelPackage, variant: str, rows: list[Sequence], threads: int
+    package: ModelPackage, variant: str, rows: list[ModelRow], threads: int
 ) -> list[Outputs]:
     """Each row's outputs, as the batcher hands them over (padding cut off), in input order."""
     backend = open_session(package.variant_path(variant), threads, spinning=False)

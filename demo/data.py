@@ -17,7 +17,7 @@ shapes ordinary English has and not one sentence frame repeated:
 
 Enough to turn all-MiniLM-L6-v2 into demo heads in a few minutes on a laptop CPU; not a
 benchmark and not a substitute for real data (fine-tune on SST-2, CoNLL-2003 or SQuAD for that:
-see the README). The hand-written check set the build scores them on is `demo.checks`;
+see docs/training.md). The hand-written check set the build scores them on is `demo.checks`;
 nothing of it is in these lists.
 
     python -m demo.data --out runs/demo-data     # the three training files

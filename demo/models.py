@@ -20,7 +20,7 @@ The three demo heads are fine-tuned for a minute or so each on data the project 
 itself (`demo/data.py`), and scored on a hand-written check set they never saw
 (`demo/checks.py`); each package's line reports that score. They handle ordinary
 short English and are not meant for anything else: for real models fine-tune on your data
-(README, "Your own models").
+(docs/models.md).
 
 Each package says it is the default of its request task (package.json `default_for`: the one
 a request that names no model gets when a user's own model of the task is loaded beside it);
@@ -69,7 +69,7 @@ class DemoHead:
     after: str | None = None  # starts from this head's fine-tuned checkpoint, once it is built
 
 
-# Recipes measured on a 2-core CPU (README, "Default models"): one or two passes at a high
+# Recipes measured on a 2-core CPU (docs/quickstart.md, "The default models"): one or two passes at a high
 # learning rate are enough for templated data. The windows are the usual ones, which costs
 # nothing here: batches pad to their longest row and generated rows are short (sentences under
 # 50 word pieces, QA question + paragraph under 100), while the package keeps room for a
@@ -99,7 +99,7 @@ DEMO_HEADS = {
         140,
     ),
 }
-# The task packages beside the heads (`--tasks`; README: /rerank, /zero-shot): a cross-encoder
+# The task packages beside the heads (`--tasks`; docs/api.md: /rerank, /zero-shot): a cross-encoder
 # fine-tuned on question / passage pairs, and an NLI model fine-tuned from it on premise /
 # hypothesis pairs. Pairs are short (under 70 word pieces), so one pass is cheap. The NLI model
 # starts from the reranker because all-MiniLM-L6-v2, a bi-encoder, learned to compare the two

@@ -1,5 +1,5 @@
 """Text -> model rows, the one public numpy-only module both the service and `training/` use:
-the row type (`Sequence`), padding (`pad`), one encoding path, each family's row layout
+the row type (`ModelRow`), padding (`pad`), one encoding path, each family's row layout
 (`Template`: `[CLS] A [SEP] (B [SEP])` for BERT, `<s> A </s>(</s> B </s>)` for RoBERTa, read
 from the tokenizer's own post-processor), and the truncation and windowing rules of Hugging
 Face fast tokenizers, reproduced by hand. It imports numpy and `tokenizers` only: no ONNX Runtime, no
@@ -33,7 +33,7 @@ class InvalidInput(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Sequence:
+class ModelRow:
     """One unpadded model input row. `pad` pads rows and builds the attention mask.
 
     input_ids, token_type_ids: (L,) int64.
@@ -46,13 +46,13 @@ class Sequence:
         return int(self.input_ids.shape[0])
 
 
-# What a model run hands back for one Sequence: output name -> array with the batch axis
+# What a model run hands back for one ModelRow: output name -> array with the batch axis
 # removed and, for per-token outputs, the padding cut off: logits (C,) or (L, C),
 # start_logits / end_logits (L,), embeddings (H,).
 Outputs = dict[str, np.ndarray]
 
 
-def pad(rows: list[Sequence], pad_token_id: int = 0) -> dict[str, np.ndarray]:
+def pad(rows: list[ModelRow], pad_token_id: int = 0) -> dict[str, np.ndarray]:
     """Rows -> int64 feeds (B, T), T = longest row; attention_mask 1 on real tokens."""
     longest = max(len(row) for row in rows)
     input_ids = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
@@ -328,7 +328,7 @@ def _subword_table(tokenizer: Tokenizer) -> tuple[np.ndarray | None, int]:
 
 def row(
     layout: Template, a: np.ndarray | list[int], b: np.ndarray | list[int] | None = None
-) -> Sequence:
+) -> ModelRow:
     """One text or a pair in the family's layout: `[CLS] a [SEP] (b [SEP])` for BERT,
     `<s> a </s>(</s> b </s>)` for RoBERTa, with the template's token types."""
     # Filled in place: np.concatenate of the parts cost several times more for short rows.
@@ -346,7 +346,7 @@ def row(
     if b is not None:
         input_ids[b_start:b_end], token_type_ids[b_start:b_end] = b, t.b_type
     input_ids[b_end:], token_type_ids[b_end:] = t.suffix, t.suffix_types
-    return Sequence(input_ids=input_ids, token_type_ids=token_type_ids)
+    return ModelRow(input_ids=input_ids, token_type_ids=token_type_ids)
 
 
 def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -383,12 +383,12 @@ def windows(n_tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True, slots=True)
 class EncodedTexts:
-    """Rows for classification or embedding: one Sequence per input, in input order.
+    """Rows for classification or embedding: one ModelRow per input, in input order.
 
     truncated: how many inputs lost tokens to `max_seq_length`.
     """
 
-    sequences: list[Sequence]
+    sequences: list[ModelRow]
     truncated: int
 
 
@@ -453,7 +453,7 @@ def text_rows(
     if max_seq_length < min_length:
         raise ValueError(f"max_seq_length ({max_seq_length}) leaves no room for any token")
     ids = iter([e.ids for e in encodings])  # lists: row() copies them once, into the row
-    sequences: list[Sequence] = []
+    sequences: list[ModelRow] = []
     truncated = 0
     for i, is_pair in enumerate(pairs):
         a, b = next(ids), (next(ids) if is_pair else None)

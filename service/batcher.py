@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from heads.rows import InvalidInput, Sequence, pad
+from heads.rows import InvalidInput, ModelRow, pad
 from heads.tasks import Job
 from service.errors import BackendError, NotReady
 from service.job_queue import JobQueue, Queued, Timing
@@ -73,7 +73,7 @@ def pad_limit(provider: str) -> int | None:
 # Fewer texts than this are encoded one `encode` call each, not by `encode_batch`: waking the
 # tokenizers Rust pool for a few short texts cost more than it saved. SST-2 sentences on a busy
 # 2-core EPYC: 2 texts 104 vs 85 us CPU, 4 texts 185 vs 170, 8 texts 357 vs 342, 16 within
-# noise (benchmarks/README.md, "Issue 18, round 3").
+# noise.
 SERIAL_BELOW = 8
 # Jobs that arrive together with at most this many characters in all are tokenized on the
 # event loop, whatever the model is doing; larger ones go to a thread. On 2 cores the hop to a
@@ -81,7 +81,7 @@ SERIAL_BELOW = 8
 # (~40 us a 106-character SST-2 sentence, 0.33 us a character), and while both lanes run the
 # thread only takes a core from them: MiniLM int8 served 10-28% more at 8 clients, 0-6% at 32
 # and 12% at 4 x 32 sentences than with every job under load in a thread (fp32 +1-4%;
-# benchmarks/README.md, "Issue 31: tokenizing on the loop"). A larger job (up to ~1.3 ms of
+# docs/design.md, "Short requests are tokenized on the event loop"). A larger job (up to ~1.3 ms of
 # encoding here) would hold the loop, and every request behind it, longer than a hop costs.
 INLINE_CHARS = 4096
 
@@ -219,10 +219,6 @@ class Batcher:
         if self._worker is None or loop is None:
             raise NotReady(f"model {self.name} is not running")
         return self.queue.put(job, deadline, loop, timing, alone).future
-
-    async def submit(self, job: Job, deadline: float) -> Any:
-        """`enqueue` and wait for the answer; cancelling the caller drops the job."""
-        return await self.enqueue(job, deadline)
 
     async def _run(self) -> None:
         """Dispatch until stopped: tokenize what arrived (one encoder call at a time), start
@@ -375,7 +371,7 @@ class Batcher:
         self._take_rows(requests, made, start)
 
     def _take_rows(
-        self, requests: list[Queued], made: list[list[Sequence] | Exception], start: float
+        self, requests: list[Queued], made: list[list[ModelRow] | Exception], start: float
     ) -> None:
         seconds = time.perf_counter() - start
         self.metrics.tokenization.observe(seconds)
@@ -397,7 +393,7 @@ class Batcher:
         if windowed:
             self.metrics.windowed.inc(windowed)
 
-    def _rows_of(self, jobs: list[Job]) -> list[list[Sequence] | Exception]:
+    def _rows_of(self, jobs: list[Job]) -> list[list[ModelRow] | Exception]:
         """Every job's texts in one encoder call, then each job's rows (on the loop or in a
         thread)."""
         texts = [text for job in jobs for text in job.texts]
@@ -409,7 +405,7 @@ class Batcher:
                 encodings = [encode(text, add_special_tokens=False) for text in texts]
             else:
                 encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        out: list[list[Sequence] | Exception] = []
+        out: list[list[ModelRow] | Exception] = []
         at = 0
         for job in jobs:
             n = len(job.texts)

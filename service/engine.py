@@ -29,6 +29,7 @@ import numpy as np
 
 from heads.contract import MANIFEST
 from heads.package import ModelPackage
+from heads.rows import TextInput
 from heads.tasks import (
     Job,
     classify,
@@ -47,8 +48,6 @@ from service.metrics import Metrics
 from service.model_control import Poller
 from service.registry import LoadedModel, Registry
 from service.settings import Settings
-
-TextInput = str | tuple[str, str]
 
 
 class Call:

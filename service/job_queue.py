@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from heads.rows import Outputs, Sequence
+from heads.rows import ModelRow, Outputs
 from heads.tasks import Job
 from service.errors import DeadlineExceeded, NotReady, Overloaded
 from service.metrics import ModelMetrics
@@ -140,7 +140,7 @@ class Queued:
     deadline: float  # loop.time() clock
     enqueued: float  # loop.time() clock: max_wait's
     future: asyncio.Future[Any]
-    rows: list[Sequence] = field(default_factory=list)  # set once the job is tokenized
+    rows: list[ModelRow] = field(default_factory=list)  # set once the job is tokenized
     results: list[Outputs | None] = field(default_factory=list)
     unfinished: int = 0  # rows without outputs yet
     queued: int = 1  # rows not yet taken into a batch; 1 until tokenized (the job itself)
@@ -202,11 +202,6 @@ class JobQueue:
         self.arrived.set()
         return request
 
-    @property
-    def empty(self) -> bool:
-        """Nothing to tokenize and no live row to run."""
-        return not self._inbox and self.depth == 0
-
     def take_new(self) -> list[Queued]:
         """The jobs that arrived since the last call and are still live."""
         new = [r for r in self._inbox if not r.future.done()]
@@ -217,7 +212,7 @@ class JobQueue:
         """The oldest job with rows queued, if any is still live."""
         return next((r for r, _ in self._rows if not r.future.done()), None)
 
-    def add_rows(self, request: Queued, rows: list[Sequence]) -> None:
+    def add_rows(self, request: Queued, rows: list[ModelRow]) -> None:
         """A tokenized job's rows join the queue (no rows: nothing joins)."""
         request.rows = rows
         request.results = [None] * len(rows)

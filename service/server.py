@@ -1,6 +1,7 @@
-"""One server process: uvicorn around the app, with the drain at shutdown that the README
-promises (see DrainingServer). `python -m service` runs one; `--workers N` runs N
-(service.workers), each calling `serve` on the connections the parent deals it (`Inbox`).
+"""One server process: uvicorn around the app, with the drain at shutdown that
+docs/deployment.md promises ("Graceful shutdown"; see DrainingServer). `python -m service`
+runs one; `--workers N` runs N (service.workers), each calling `serve` on the connections the
+parent deals it (`Inbox`).
 """
 
 from __future__ import annotations

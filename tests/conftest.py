@@ -1,9 +1,12 @@
 """Shared fixtures: where ../shared/data lives (tests that need it skip when it is absent).
 
-`BERT_HEADS_TEST_DATA` points the tests at another data root; CI's fresh-clone pass sets it to
-an empty folder, so a test that reads ../shared without asking for it fails there, not on a
-user's machine. A test reads the data through the `shared_data` fixture, or is marked
-`shared`: both skip when the data root is absent.
+A test reads the data through the `shared_data` fixture, or is marked `shared`: both skip when
+the data root is absent, as on a user's clone. A test that opens a file under the data root
+without asking for it fails at once, with the data present too (an audit hook on `open`), so
+the suite run with ../shared proves the rest passes without it. `BERT_HEADS_TEST_DATA` points
+the tests at another data root: `make test-fresh` sets an empty folder (the whole suite as a
+user's clone runs it); with `BERT_HEADS_ONLY_SHARED=1` only the tests that ask for the data
+run, which is what CI adds to the guard (they must skip, not fail).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -25,9 +30,55 @@ def has_shared_data() -> bool:
     return (SHARED_DATA / "README.md").is_file()
 
 
+def asks_for_data(item: pytest.Item) -> bool:
+    return item.get_closest_marker("shared") is not None or "shared_data" in getattr(
+        item, "fixturenames", ()
+    )
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("shared") and not has_shared_data():
         pytest.skip(f"{SHARED_DATA} is absent (../shared/data)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("BERT_HEADS_ONLY_SHARED") != "1":
+        return
+    keep = [item for item in items if asks_for_data(item)]
+    config.hook.pytest_deselected(items=[item for item in items if not asks_for_data(item)])
+    items[:] = keep
+
+
+class SharedReads:
+    """Fails an `open` under the data roots while a test that did not ask for the data runs."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots}))
+        self.test: str | None = None  # the test running now, when it did not ask for the data
+
+    def __call__(self, event: str, args: tuple[object, ...]) -> None:
+        if event != "open" or self.test is None or not isinstance(args[0], (str, os.PathLike)):
+            return
+        path = os.path.abspath(os.fspath(args[0]))
+        if any(path.startswith(r) or os.path.join(path, "") == r for r in self.roots):
+            test, self.test = self.test, None  # once: the report itself opens files
+            raise RuntimeError(
+                f"{test} opened {path}: a test reads ../shared/data through the shared_data "
+                "fixture or the `shared` mark, so that it skips on a clone without it"
+            )
+
+
+_GUARD = SharedReads([SHARED_DATA, REPO.parent / "shared"])
+sys.addaudithook(_GUARD)  # a hook cannot be removed: it stays idle outside a test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator:
+    _GUARD.test = None if asks_for_data(item) else item.nodeid
+    try:
+        return (yield)
+    finally:
+        _GUARD.test = None
 
 
 @pytest.fixture(scope="session")

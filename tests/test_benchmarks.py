@@ -108,12 +108,12 @@ def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_
     import numpy as np
 
     from benchmarks._engine import _batches
-    from heads.rows import Sequence
+    from heads.rows import ModelRow
     from service.batcher import CPU_PAD_LIMIT
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 60, size=100)
-    rows = [Sequence(np.full(n, k), np.zeros(n, np.int64)) for k, n in enumerate(lengths)]
+    rows = [ModelRow(np.full(n, k), np.zeros(n, np.int64)) for k, n in enumerate(lengths)]
     batches = _batches(rows, 32, "window")
     assert sorted(int(r.input_ids[0]) for b in batches for r in b) == list(range(100))
     windows = [{int(r.input_ids[0]) // 32 for r in b} for b in batches]

@@ -45,7 +45,7 @@ import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -57,7 +57,14 @@ from heads.contract import DENSE_POOLINGS
 from training.config import BertConfig, ConfigError
 from training.families import FAMILIES, TASK_OF_ARCHITECTURE, Family
 from training.families.base import FILL_MASK
-from training.model import DENSE_ACTIVATIONS, HEADS, BertForEmbedding, Dense, no_masked_lm
+from training.model import (
+    DENSE_ACTIVATIONS,
+    HEADS,
+    BertForEmbedding,
+    BertPreTrainedHead,
+    Dense,
+    no_masked_lm,
+)
 from training.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
 log = logging.getLogger(__name__)
@@ -200,12 +207,6 @@ def read_sparse_encoder(path: str | Path) -> tuple[dict[str, str], str | None] |
             f"{config_path}: SpladePooling {settings} is not supported (only {SPLADE_SETTINGS})"
         )
     return _read_st_prompts(directory / ST_CONFIG)
-
-
-def read_pooling(path: str | Path) -> tuple[str, bool] | None:
-    """(pooling, normalize) of a sentence-transformers folder; None without modules.json."""
-    st = read_sentence_transformers(path)
-    return (st.pooling, st.normalize) if st else None
 
 
 def _read_st_pooling(config_path: Path) -> tuple[str, bool]:
@@ -526,7 +527,7 @@ def load_model(
     labels: list[str] | None = None,
     problem_type: str | None = None,
     **head_args: Any,
-) -> nn.Module:
+) -> BertPreTrainedHead:
     """A head from a checkpoint folder, in eval mode.
 
     task: one of HEADS (pretraining, classification, token-classification, question-answering,
@@ -595,7 +596,8 @@ def load_model(
 def _st_dense(st: SentenceTransformersFolder, width: int) -> tuple[list[Dense], dict[str, Tensor]]:
     """The folder's Dense modules, and their weights under our names (dense.<i>.linear.*),
     each file checked against its module's config.json. width: the pooled vector's."""
-    modules, state = [], {}
+    modules: list[Dense] = []
+    state: dict[str, Tensor] = {}
     for i, args in enumerate(st.dense):
         config_path = args["path"] / "config.json"
         if args["in_features"] != width:
@@ -655,7 +657,7 @@ def _write_sentence_transformers(
     for idx, dense in enumerate(model.dense, 2):
         folder = directory / f"{idx}_Dense"
         folder.mkdir(exist_ok=True)
-        linear = dense.linear
+        linear = cast(nn.Linear, dense.linear)  # a Dense module's; Sequential yields Module
         config = {
             "in_features": linear.in_features,
             "out_features": linear.out_features,
@@ -693,9 +695,11 @@ def save_model(
     config.json for training.export (read_reads)."""
     task = _task_of(model)
     directory = Path(path)
-    config: BertConfig = model.config
+    # `model` is one of HEADS (_task_of); Module's __getattr__ types its attributes as
+    # Tensor | Module.
+    config = cast(BertConfig, model.config)
     if task in ("classification", "token-classification"):
-        n = model.num_labels
+        n = cast(int, model.num_labels)
         id2label = config.id2label if config.num_labels == n and config.id2label else None
         config = config.replace(
             id2label=id2label or {i: f"LABEL_{i}" for i in range(n)},

@@ -205,8 +205,9 @@ class BertConfig:
         layers, _ = FEATURES[self.features]
         if layers == "layers":
             return list(range(1, self.num_hidden_layers + 1))
+        assert isinstance(layers, tuple)  # every other FEATURES entry is a tuple of indices
         n = self.num_hidden_layers + 1
-        return [i + n if i < 0 else i for i in layers]  # type: ignore[union-attr]
+        return [i + n if i < 0 else i for i in layers]
 
     @property
     def num_labels(self) -> int:

@@ -30,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ from training.cli import make_parser, option
 from training.config import DEFAULT_MAX_SEQ_LENGTH
 from training.data.batch import IGNORE
 from training.evaluate import make_evaluator, torch_runner
-from training.model import HEADS
+from training.model import HEADS, BertPreTrainedHead
 from training.tokenizer import load_tokenizer
 
 # The heads whose logits a student can learn from (an embedding package has none) on a
@@ -62,12 +62,14 @@ def every_other_layer(teacher_layers: int, student_layers: int) -> list[int]:
     return [i * teacher_layers // student_layers for i in range(student_layers)]
 
 
-def make_student(teacher: nn.Module, layer_ids: list[int]) -> nn.Module:
+def make_student(teacher: BertPreTrainedHead, layer_ids: list[int]) -> nn.Module:
     """The teacher's head with len(layer_ids) layers, student layer j a copy of teacher layer
     layer_ids[j]; every other weight (embeddings, pooler, head) copied as is."""
     config = teacher.config.replace(num_hidden_layers=len(layer_ids))
     task = next(t for t, cls in HEADS.items() if type(teacher) is cls)
-    head_args = {"num_labels": teacher.num_labels} if hasattr(teacher, "num_labels") else {}
+    head_args: dict[str, Any] = (
+        {"num_labels": teacher.num_labels} if hasattr(teacher, "num_labels") else {}
+    )
     student = HEADS[task](config, **head_args)
     if config.share_layers:  # ALBERT: one layer to copy, whatever the depth
         layer_ids = [0]
@@ -108,7 +110,8 @@ def forward_with_hidden(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Any
     """The head's output and the encoder's last hidden state (B, T, H) of the same forward pass
     (the heads return logits only; a hook reads the encoder's output on the way)."""
     captured: list[Tensor] = []
-    encoder = getattr(model, "module", model).bert  # unwrap DistributedDataParallel
+    # unwrap DistributedDataParallel; Module's __getattr__ types submodules Tensor | Module
+    encoder = cast(nn.Module, getattr(model, "module", model).bert)
     handle = encoder.register_forward_hook(lambda m, i, out: captured.append(out.last_hidden_state))
     try:
         out = model(**batch)
@@ -246,7 +249,7 @@ def distill(args: DistillArgs) -> ft.FinetuneResult:
 
 
 def record_teacher(
-    args: DistillArgs, teacher: nn.Module, layer_ids: list[int], result: ft.FinetuneResult
+    args: DistillArgs, teacher: BertPreTrainedHead, layer_ids: list[int], result: ft.FinetuneResult
 ) -> None:
     """Add the teacher's metrics on --eval (same evaluator) to metrics.json."""
     path = result.out / "metrics.json"

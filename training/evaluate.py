@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from heads.contract import OUTPUT_NAMES as TASK_OUTPUTS
 from heads.contract import TASKS as PACKAGE_TASKS
-from heads.rows import Outputs, Sequence, encode_texts
+from heads.rows import ModelRow, Outputs, TextInput, encode_texts
 from heads.rows import pad as pad_sequences
 from heads.tasks import qa
 from training.cli import option, parse
@@ -81,7 +81,7 @@ def onnx_runner(package_dir: str | Path, variant: str = "fp32") -> tuple[Runner,
 
 
 def run_rows(
-    runner: Runner, sequences: list[Sequence], batch_size: int, desc: str | None = "eval"
+    runner: Runner, sequences: list[ModelRow], batch_size: int, desc: str | None = "eval"
 ) -> list[Outputs]:
     """Each row's outputs with the batch axis removed and per-token outputs cut to the row's
     length, as the service's batcher hands them to `postprocess`. Rows are batched by length,
@@ -183,7 +183,7 @@ class QuestionAnsweringEval:
 @dataclass
 class EmbeddingEval:
     pairs: list[ScoredPair] | list[TextPair]
-    sequences: list[Sequence]  # all first sentences, then all second sentences
+    sequences: list[ModelRow]  # all first sentences, then all second sentences
     main_metric: str = "spearman"
 
     def __call__(self, runner: Runner, batch_size: int) -> dict[str, float]:
@@ -218,10 +218,12 @@ def make_evaluator(
     if task in ("classification", "token-classification") and not labels:
         raise ValueError(f"{task} evaluation needs the model's labels")
     if task == "classification":
+        assert labels is not None  # checked above
         examples = read_classification(path)[:limit]
         rows = encode_classification(examples, tokenizer, labels, max_seq_length)
         return ClassificationEval(rows, len(labels))
     if task == "token-classification":
+        assert labels is not None  # checked above
         sentences = read_tagged(path)[:limit]
         return TaggingEval(
             encode_tagged(sentences, tokenizer, labels, max_seq_length), sentences, labels
@@ -234,8 +236,12 @@ def make_evaluator(
         pairs = read_pairs(path)[:limit]
         if len(pairs) < 2:
             raise DataError(f"{path}: embedding evaluation needs at least 2 pairs")
-        first = [p.sentence1 if isinstance(p, ScoredPair) else p.anchor for p in pairs]
-        second = [p.sentence2 if isinstance(p, ScoredPair) else p.positive for p in pairs]
+        first: list[TextInput] = [
+            p.sentence1 if isinstance(p, ScoredPair) else p.anchor for p in pairs
+        ]
+        second: list[TextInput] = [
+            p.sentence2 if isinstance(p, ScoredPair) else p.positive for p in pairs
+        ]
         sequences = encode_texts(tokenizer, first + second, max_seq_length).sequences
         main = "spearman" if isinstance(pairs[0], ScoredPair) else "recall_at_1"
         return EmbeddingEval(pairs, sequences, main)
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         from training.checkpoint import load_model, read_max_seq_length
         from training.tokenizer import load_tokenizer
 
+        assert args.checkpoint is not None  # checked above: --package or --checkpoint
         model = load_model(args.checkpoint, task=args.task)
         if torch.cuda.is_available():
             model.cuda()

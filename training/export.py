@@ -70,7 +70,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -108,6 +108,7 @@ from training.checkpoint import (
 from training.cli import option, parse
 from training.families.base import FILL_MASK
 from training.model import (
+    BertForEmbedding,
     BertForMaskedLM,
     BertSelfAttention,
     pool,
@@ -165,9 +166,10 @@ class ExportHead(nn.Module):
             logits = self.model(input_ids, attention_mask, token_type_ids).logits
             return (splade(logits, attention_mask),)  # (B, V)
         if self.task == "embedding":
-            out = self.model.bert(input_ids, attention_mask, token_type_ids)
+            model = cast(BertForEmbedding, self.model)  # embedding, dense pooling
+            out = model.bert(input_ids, attention_mask, token_type_ids)
             # (B, D): pooled, then the Dense modules
-            pooled = self.model.sentence(out.last_hidden_state, attention_mask, self.pooling)
+            pooled = model.sentence(out.last_hidden_state, attention_mask, self.pooling)
             if not self.hidden_states:
                 return (pooled,)
             per_layer = [
@@ -205,8 +207,8 @@ def export_mode(module: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for m, impl in impls.items():
-            m.implementation = impl
+        for attention, impl in impls.items():
+            attention.implementation = impl
         for m, was_training in training.items():
             m.training = was_training
 

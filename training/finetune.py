@@ -142,6 +142,7 @@ def prepare_data(
     """Training rows, the data's labels in id order (classification, token classification)
     and the evaluator (rank 0; None without --eval)."""
     msl = args.max_seq_length
+    assert msl is not None  # _finetune fills in the task's default first
     rows, labels, n = training_rows(args.task, args.train, tokenizer, msl, known=known_labels,
         doc_stride=args.doc_stride, limit=args.max_train_examples, log=d.log)  # fmt: skip
     described = f", {len(labels)} labels: {', '.join(labels)}" if labels else ""
@@ -168,7 +169,7 @@ def faster_options(args: FinetuneArgs, precision: str, device: torch.device) -> 
     """A line naming the options that would train faster here. The defaults are transformers'
     Trainer's (fp32, shuffled batches), so a run compares with it as it is; these change the
     numerics or which rows share a batch. Measured on a 2-core AMD EPYC with AVX512-BF16,
-    all-MiniLM-L6-v2 (README "Fine-tuning speed"): bf16 1.4x on CoNLL and SST-2, length
+    all-MiniLM-L6-v2 (docs/training.md, "Fine-tuning speed on a CPU"): bf16 1.4x on CoNLL and SST-2, length
     grouping 1.6x on CoNLL."""
     faster = []
     if device.type == "cpu" and precision == "fp32" and cpu_has_bf16():
@@ -197,14 +198,19 @@ def known_labels(args: FinetuneArgs, source: str | Path) -> list[str] | None:
 def label_names(args: FinetuneArgs, labels: list[str] | None) -> list[str] | None:
     """The model's id2label: --labels naming the data's label ids in order, else the data's."""
     names = [n.strip() for n in args.labels.split(",")] if args.labels else labels
-    if names is not labels and (labels is None or len(names) != len(labels) or not all(names)):
+    # names is not labels only as --labels' list; `is not None` narrows it for mypy
+    if (
+        names is not labels
+        and names is not None
+        and (labels is None or len(names) != len(labels) or not all(names))
+    ):
         raise ValueError(f"--labels names {len(names)} labels but {args.train} has {len(labels or [])}: "
                          f"{', '.join(labels or [])} (one name per label id, in that order)")  # fmt: skip
     return names
 
 
 def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None) -> nn.Module:
-    head_args = {"labels": labels, "features": args.features}
+    head_args: dict[str, Any] = {"labels": labels, "features": args.features}
     head_args["pooling"] = args.pooling if args.task in POOLED_TASKS else None
     model = load_model(source, task=args.task, **{k: v for k, v in head_args.items() if v})
     if args.freeze_encoder:
@@ -468,7 +474,7 @@ def _hardware(d: Dist) -> str:
 # --- command line -----------------------------------------------------------------------
 
 # From the pretraining example's output (python -m training.pretrain --help); any Hugging Face
-# checkpoint folder works the same, e.g. all-MiniLM-L6-v2's (README, "Your own models").
+# checkpoint folder works the same, e.g. all-MiniLM-L6-v2's (docs/models.md).
 EXAMPLES = ["python -m training.finetune --task classification --init runs/tiny --labels negative,"
             "positive --train examples/data/sentiment/train.tsv --eval "
             "examples/data/sentiment/dev.tsv --out runs/sst2 --export"]  # fmt: skip

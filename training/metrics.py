@@ -26,7 +26,9 @@ import numpy as np
 # --- classification ---------------------------------------------------------------------
 
 
-def classification_scores(preds: Sequence[int], golds: Sequence[int], num_labels: int) -> dict:
+def classification_scores(
+    preds: Sequence[int] | np.ndarray, golds: Sequence[int] | np.ndarray, num_labels: int
+) -> dict:
     """accuracy; for two labels also precision / recall / F1 of label id 1 (GLUE's F1)."""
     p, g = np.asarray(preds), np.asarray(golds)
     if len(p) != len(g) or len(g) == 0:
@@ -155,10 +157,10 @@ def squad_scores(predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> 
 
 def rankdata(x: Sequence[float]) -> np.ndarray:
     """1-based ranks; tied values share the average of the ranks they span."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    _, first, counts = np.unique(x[order], return_index=True, return_counts=True)
-    ranks = np.empty(len(x))
+    values = np.asarray(x, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    _, first, counts = np.unique(values[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(values))
     ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
     return ranks
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -319,7 +320,8 @@ def set_dropout(model: nn.Module, p: float) -> None:
         if isinstance(m, nn.Dropout):
             m.p = p
         if hasattr(m, "dropout_p"):  # an attention that hands SDPA its rate (BERT, ModernBERT)
-            m.dropout_p = p
+            # Module.__setattr__'s stub takes only a Tensor or Module; a float is fine
+            m.dropout_p = p  # type: ignore[assignment]
 
 
 # --- heads ------------------------------------------------------------------------------
@@ -422,7 +424,9 @@ class BertForPreTraining(BertPreTrainedHead):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        # Module's __getattr__ types every submodule as Tensor | Module.
+        embeddings = cast(nn.Module, self.bert.embeddings)
+        self.cls.predictions.decoder.weight = cast(nn.Embedding, embeddings.word_embeddings).weight
 
     def forward(
         self,
@@ -493,7 +497,7 @@ class BertOnlyMLMHead(nn.Module):
 def word_embeddings(encoder: nn.Module) -> nn.Embedding:
     """The encoder's (V, E) token table, which a masked-LM decoder shares: `word_embeddings`,
     or ModernBERT's `tok_embeddings`."""
-    embeddings = encoder.embeddings
+    embeddings = cast(nn.Module, encoder.embeddings)  # submodules read as Tensor | Module
     table = getattr(embeddings, "word_embeddings", None) or embeddings.tok_embeddings
     assert isinstance(table, nn.Embedding)
     return table
@@ -844,7 +848,12 @@ class BertForEmbedding(BertPreTrainedHead):
     @property
     def dimension(self) -> int:
         """The embedding's width: the last Dense module's, else hidden_size."""
-        return self.dense[-1].linear.out_features if self.dense else self.config.hidden_size
+        # Sequential's [] types its items as Module; these are Dense modules.
+        return (
+            cast(Dense, self.dense[-1]).linear.out_features
+            if self.dense
+            else self.config.hidden_size
+        )
 
     def sentence(self, hidden: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
         """(B, T, H) last hidden states -> (B, D) embeddings, before normalisation."""

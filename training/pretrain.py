@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Tokenizer
@@ -66,6 +66,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "albert": {"objective": "mlm+sop", "config": "albert-base"},
 }
 # Arguments that decide the data a step sees: changed on --resume, the run is no continuation.
+DATA_ARGS: tuple[str, ...]  # extended below
 DATA_ARGS = ("corpus", "documents", "objective", "max_seq_length", "short_seq_prob")
 DATA_ARGS += ("mlm_probability", "whole_word_masking", "batch_size", "grad_accum", "seed")
 
@@ -149,6 +150,7 @@ def parse_args(argv: list[str] | None = None) -> PretrainArgs:
 
 
 def check_args(args: PretrainArgs) -> None:
+    positive: tuple[str, ...]  # extended below
     positive = ("steps", "time_budget", "batch_size", "grad_accum", "lr", "max_seq_length")
     positive += ("save_every", "eval_every", "eval_batches", "log_every")
     for name in positive:
@@ -201,6 +203,7 @@ def flops_per_token(config: BertConfig, seq_len: int, mlm_probability: float) ->
 def get_tokenizer(args: PretrainArgs, d: Dist, files: list[Path]) -> Tokenizer:
     if args.resume and (args.out / "tokenizer.json").is_file():
         return load_tokenizer(args.out / "tokenizer.json")
+    assert args.tokenizer is not None  # check_args: --tokenizer, else --init's folder
     if not args.tokenizer.startswith("train:"):
         return load_tokenizer(args.tokenizer)
     try:
@@ -231,7 +234,10 @@ def get_tokenizer(args: PretrainArgs, d: Dist, files: list[Path]) -> Tokenizer:
 
 def get_config(args: PretrainArgs, tokenizer: Tokenizer) -> BertConfig:
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    tokenizer_folder = None if args.tokenizer.startswith("train:") else args.tokenizer
+    if args.tokenizer is None:  # --init with --resume: get_tokenizer read the run's own
+        tokenizer_folder: str | None = str(args.out)
+    else:
+        tokenizer_folder = None if args.tokenizer.startswith("train:") else args.tokenizer
     pad = special_tokens(tokenizer_folder, tokenizer).ids.get("pad")
     if args.init is not None:  # its own architecture, whatever the recipe's preset
         config = BertConfig.load(Path(args.init) / "config.json")
@@ -371,7 +377,10 @@ def _pretrain(args: PretrainArgs, d: Dist) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     config = get_config(args, tokenizer)
     if args.init is not None and state is None:  # a fresh head where the checkpoint has none
-        model = load_model(args.init, task="pretraining").train().to(d.device)
+        # task "pretraining" loads a BertForPreTraining
+        model = cast(
+            BertForPreTraining, load_model(args.init, task="pretraining").train().to(d.device)
+        )
     else:
         model = BertForPreTraining(config).to(d.device)
     if args.dropout is not None:

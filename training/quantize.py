@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 
 from heads.contract import INPUT_NAMES
 from heads.quality import GATES, passes, shortfall
-from heads.rows import InvalidInput, Outputs, Sequence, pad, prepare_tokenizer
+from heads.rows import InvalidInput, ModelRow, Outputs, pad, prepare_tokenizer
 from heads.tasks import classify, embed, fill_mask, ner, qa, sparse
 from training.data.classification import read_classification
 from training.data.corpus import read_documents
@@ -101,7 +101,7 @@ class Sample:
     answers. inputs: how many requests the sample stands for."""
 
     task: str
-    rows: list[Sequence]
+    rows: list[ModelRow]
     answers: Callable[[list[Outputs]], list[Any]]
     inputs: int
     source: list[str] = field(default_factory=list)
@@ -221,7 +221,7 @@ def _sparse_answers(outputs: list[Outputs]) -> list[Any]:
 # --- running a graph on the sample ----------------------------------------------------------
 
 
-def run_rows(path: Path, rows: list[Sequence], pad_id: int, per_token: bool) -> list[Outputs]:
+def run_rows(path: Path, rows: list[ModelRow], pad_id: int, per_token: bool) -> list[Outputs]:
     """Each row's outputs from the graph at `path` (CPU), as the service's batcher hands them
     over: batches of rows of similar length, padding cut off per-token outputs."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -378,7 +378,7 @@ def weighted_products(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     ]  # fmt: skip
 
 
-def activation_noise(fp32: Path, rows: list[Sequence], pad_id: int) -> dict[str, float]:
+def activation_noise(fp32: Path, rows: list[ModelRow], pad_id: int) -> dict[str, float]:
     """Quantisable node -> how coarse dynamic int8 makes its input, relative to the input's
     size: one uint8 step over the batch's [min, max] (DynamicQuantizeLinear, per tensor) over
     the input's root mean square, averaged over the sample's batches. A node fed outliers (the

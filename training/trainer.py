@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -221,7 +221,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 class Batches(Protocol):
     """This process's endless, resumable stream of CPU batches."""
 
-    epoch: float  # passes over the data so far (logged; an integer step marks an epoch's end)
+    # Passes over the data so far (logged; an integer step marks an epoch's end). Read-only:
+    # a property (EpochBatches) or an int attribute (PretrainingStream) both serve.
+    @property
+    def epoch(self) -> float: ...
 
     def next_batch(self) -> dict[str, Tensor]: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -418,7 +421,7 @@ class Trainer:
         *,
         out: Path,
         checkpoint: Path,
-        write_model: Callable[[Path], None],
+        write_model: Callable[[Path], object],
         evaluate: Callable[[], dict[str, float] | None] | None = None,
         extra_state: Callable[[], dict[str, Any]] = dict,
         flops_per_token: Callable[[int], float] | None = None,
@@ -447,7 +450,8 @@ class Trainer:
             ids = [d.device.index] if cuda else None
             self.train_model = self.ddp = nn.parallel.DistributedDataParallel(model, ids)
         if loop.compile:
-            self.train_model = torch.compile(self.train_model)
+            # an OptimizedModule; the stubs type compile()'s result as any callable
+            self.train_model = cast(nn.Module, torch.compile(self.train_model))
         if cuda:
             torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
         self.step, self.elapsed, self.eval_seconds = 0, 0.0, 0.0
@@ -600,7 +604,8 @@ class Trainer:
         t0 = time.perf_counter()
         decay_from = loop.warmup if loop.decay_from_warmup else 0
         now, end = (self.elapsed, loop.time_budget) if loop.time_budget else (self.step, loop.steps)
-        self.lr = get_lr(self.step, loop.lr, loop.warmup, now, end, decay_from)
+        # steps is set when time_budget is not: one of the two ends the loop
+        self.lr = get_lr(self.step, loop.lr, loop.warmup, now, cast(float, end), decay_from)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         for micro in range(loop.grad_accum):

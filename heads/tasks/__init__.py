@@ -5,10 +5,10 @@ outputs are `heads.rows` types), so `training.evaluate` scores exactly what the 
 answers.
 
 The service runs them as a `Job`, one per request, built by the route from the request's
-options and the package: the batch worker encodes the texts of every job that arrived since its
-last look in one `encode_batch` call (Rust, off the GIL), asks each job for its rows, and, once a
-job's last row has run, for its answer. No tokenization or post-processing runs on the event
-loop.
+options and the package: the batcher encodes the texts of the jobs that arrived together
+(`encode_batch`, Rust, off the GIL; on the event loop when they are short, see
+service.batcher.INLINE_CHARS), asks each job for its rows, and, once a job's last row has run,
+for its answer.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tokenizers import Encoding, Tokenizer
 
-from heads.rows import Outputs, Sequence
+from heads.rows import ModelRow, Outputs
 
 
 class Job(Protocol):
@@ -27,7 +27,7 @@ class Job(Protocol):
     truncated: int  # inputs cut to the window, known after rows()
     windowed: int  # inputs split into several windows, known after rows()
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         """The model rows for `encodings` (one per text); InvalidInput when they cannot be."""
         ...
 

@@ -31,8 +31,8 @@ from heads.package import ModelPackage
 from heads.rows import (
     EncodedTexts,
     InvalidInput,
+    ModelRow,
     Outputs,
-    Sequence,
     TextInput,
     encode_texts,
     flatten,
@@ -149,7 +149,7 @@ class Job:
         self.function = _function(self.problem_type, len(self.labels), function_to_apply, top_k)
         self.truncated = 0
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         encoded = text_rows(
             template(tokenizer),
             self.inputs,

@@ -32,8 +32,8 @@ from heads.package import ModelPackage
 from heads.rows import (
     EncodedTexts,
     InvalidInput,
+    ModelRow,
     Outputs,
-    Sequence,
     encode_texts,
     template,
     text_rows,
@@ -221,7 +221,7 @@ class TextRows:
         self.truncate, self.direction = truncate, truncation_direction
         self.truncated = self.tokens = 0
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         encoded = text_rows(
             template(tokenizer),
             self.texts,

@@ -40,7 +40,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import InvalidInput, Outputs, Sequence, guess_pad_id, row, template
+from heads.rows import InvalidInput, ModelRow, Outputs, guess_pad_id, row, template
 from heads.tasks import one_by_one
 
 __all__ = ["TOP_K", "Job", "clean_up", "postprocess", "preprocess", "target_ids"]
@@ -50,7 +50,7 @@ TOP_K = 5  # the pipeline's default
 
 def preprocess(
     tokenizer: Tokenizer, texts: list[str], max_seq_length: int, mask_token: str
-) -> list[Sequence]:
+) -> list[ModelRow]:
     """One row `[CLS] text [SEP]` per text, each with at least one mask token; InvalidInput
     for a text without one or longer than `max_seq_length`."""
     _check_texts(texts)
@@ -73,7 +73,7 @@ def _mask_id(tokenizer: Tokenizer, mask_token: str) -> int:
 
 def _rows(
     tokenizer: Tokenizer, encodings: list[Encoding], max_seq_length: int, mask_id: int
-) -> list[Sequence]:
+) -> list[ModelRow]:
     layout = template(tokenizer)
     n_special = layout.single.n_special
     mask_token = tokenizer.id_to_token(mask_id)
@@ -135,7 +135,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def postprocess(
     tokenizer: Tokenizer,
-    sequences: list[Sequence],
+    sequences: list[ModelRow],
     logits: Seq[np.ndarray],
     mask_token: str,
     top_k: int = TOP_K,
@@ -226,9 +226,9 @@ class Job:
         self.top_k, self.targets = top_k, targets
         self.tokenizer: Tokenizer | None = None
         self.target_ids: np.ndarray | None = None
-        self.sequences: list[Sequence] = []
+        self.sequences: list[ModelRow] = []
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         mask_id = _mask_id(tokenizer, self.mask_token)
         if self.targets is not None:
             self.target_ids = target_ids(tokenizer, self.targets)

@@ -40,8 +40,8 @@ from tokenizers import Encoding, Tokenizer
 from heads.package import ModelPackage
 from heads.rows import (
     InvalidInput,
+    ModelRow,
     Outputs,
-    Sequence,
     Tokens,
     encode,
     row,
@@ -73,7 +73,7 @@ class TextWindow:
     special (L,) bool: True on [CLS] / [SEP].
     """
 
-    sequence: Sequence
+    sequence: ModelRow
     start: int
     stop: int
     offsets: np.ndarray
@@ -89,7 +89,7 @@ class WindowedText:
     windows: list[TextWindow]
 
     @property
-    def sequences(self) -> list[Sequence]:
+    def sequences(self) -> list[ModelRow]:
         return [w.sequence for w in self.windows]
 
     @property
@@ -338,7 +338,7 @@ class Job:
         self.windowed = 0
         self._texts: list[WindowedText] = []
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         self._texts = [
             _windowed(
                 tokenizer, text, tokens(tokenizer, enc, text), self.max_seq_length, self.stride

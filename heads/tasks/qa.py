@@ -40,8 +40,8 @@ from tokenizers import Encoding, Tokenizer
 from heads.package import ModelPackage
 from heads.rows import (
     InvalidInput,
+    ModelRow,
     Outputs,
-    Sequence,
     Tokens,
     encode,
     row,
@@ -75,7 +75,7 @@ class ContextWindow:
     window's tokens (a word cut by the window edge ends at the edge), as the pipeline aligns.
     """
 
-    sequence: Sequence
+    sequence: ModelRow
     context_start: int
     offsets: np.ndarray
     word_spans: np.ndarray
@@ -89,7 +89,7 @@ class WindowedContext:
     windows: list[ContextWindow]
 
     @property
-    def sequences(self) -> list[Sequence]:
+    def sequences(self) -> list[ModelRow]:
         return [w.sequence for w in self.windows]
 
     @property
@@ -300,7 +300,7 @@ class Job:
         self.windowed = 0
         self._contexts: list[WindowedContext] = []
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         self._contexts = [
             _windowed(
                 tokenizer,

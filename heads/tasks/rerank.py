@@ -30,8 +30,8 @@ from tokenizers import Encoding, Tokenizer
 from heads.package import ModelPackage
 from heads.rows import (
     InvalidInput,
+    ModelRow,
     Outputs,
-    Sequence,
     TextInput,
     row,
     template,
@@ -99,7 +99,7 @@ class Job:
         self.spans: list[_Window | None] = []  # per row: its window, None when not windowed
         self.bounds: list[int] = []  # document i's rows are [bounds[i], bounds[i + 1])
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         layout = template(tokenizer)
         q, docs = encodings[0], encodings[1:]
         if self.max_tokens_per_doc is not None:
@@ -124,7 +124,7 @@ class Job:
         stride = default_stride(room) if self.stride is None else self.stride
         if not 0 <= stride < room:
             raise InvalidInput(f"stride must be below {room}, the document tokens per window")
-        sequences: list[Sequence] = []
+        sequences: list[ModelRow] = []
         self.spans, self.bounds = [], [0]
         for i, d in enumerate(docs):
             spans = windows(len(d.ids), room, stride)

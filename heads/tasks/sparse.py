@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import EncodedTexts, InvalidInput, Outputs, Sequence
+from heads.rows import EncodedTexts, InvalidInput, ModelRow, Outputs
 from heads.tasks import embed
 
 __all__ = ["Job", "postprocess", "preprocess"]
@@ -85,7 +85,7 @@ class Job(embed.TextRows):
         self.with_tokens = with_tokens
         self.tokenizer: Tokenizer | None = None  # set by rows() when the tokens are asked for
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         self.tokenizer = tokenizer if self.with_tokens else None
         return super().rows(tokenizer, encodings)
 

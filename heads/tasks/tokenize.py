@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import Encoding, Tokenizer
 
-from heads.rows import InvalidInput, Outputs, Sequence, template
+from heads.rows import InvalidInput, ModelRow, Outputs, template
 from heads.tasks import one_by_one
 
 __all__ = ["DecodeJob", "TokenizeJob", "decode", "tokenize"]
@@ -84,7 +84,7 @@ class TokenizeJob:
         self.add_special_tokens = add_special_tokens
         self.result: list[list[dict[str, Any]]] = []
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         self.result = [
             tokens_of(tokenizer, t, e, self.add_special_tokens)
             for t, e in zip(self.texts, encodings, strict=True)
@@ -109,7 +109,7 @@ class DecodeJob:
         self.ids, self.skip_special_tokens = ids, skip_special_tokens
         self.result: list[str] = []
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         self.result = decode(tokenizer, self.ids, self.skip_special_tokens)
         return []
 

@@ -24,7 +24,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import InvalidInput, Outputs, Sequence, row, template
+from heads.rows import InvalidInput, ModelRow, Outputs, row, template
 from heads.tasks import one_by_one
 
 __all__ = ["DEFAULT_TEMPLATE", "Job", "entailment_id", "hypotheses", "is_nli"]
@@ -95,7 +95,7 @@ class Job:
         self.max_seq_length = package.max_seq_length
         self.truncated = 0
 
-    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[Sequence]:
+    def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         layout = template(tokenizer)
         texts, hyps = encodings[: len(self.sequences)], encodings[len(self.sequences) :]
         rows = []

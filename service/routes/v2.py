@@ -125,7 +125,7 @@ class V2Error(Exception):
 
 # -- the mapping: one Task per package kind ----------------------------------------------------
 
-Outputs = dict[str, tuple[str, list[int], list[Any]]]  # name -> (datatype, shape, flat data)
+Tensors = dict[str, tuple[str, list[int], list[Any]]]  # name -> (datatype, shape, flat data)
 
 
 class Task:
@@ -145,7 +145,7 @@ class Task:
         """The native body's inputs for these tensors."""
         return {"inputs": texts["text"]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         raise NotImplementedError
 
 
@@ -168,7 +168,7 @@ class Classify(Task):
             return {"inputs": texts["text"]}
         return {"inputs": [[a, b] for a, b in zip(texts["text"], pairs, strict=True)]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         inputs = [tuple(x) if isinstance(x, list) else x for x in body.inputs]
         ranked = await engine.classify(
             inputs, model=model.name, top_k=None, function_to_apply=body.function_to_apply,
@@ -198,7 +198,7 @@ class Qa(Task):
         pairs = zip(texts["question"], texts["context"], strict=True)
         return {"inputs": [{"question": q, "context": c} for q, c in pairs]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         spans = await engine.qa(
             [(x.question, x.context) for x in body.inputs], model=model.name,
             max_answer_len=body.max_answer_len, max_seq_len=body.max_seq_len,
@@ -224,7 +224,7 @@ class Embed(Task):
     def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
         return {"embedding": [-1, -1]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         found = await engine.embed(
             body.inputs, model=model.name, normalize=body.normalize, truncate=body.truncate,
             truncation_direction=body.truncation_direction, prompt_name=body.prompt_name,
@@ -246,7 +246,7 @@ class JsonPerText(Task):
         self.output, self.method = output, method
         self.outputs, self.parameters, self.schema = {output: "BYTES"}, parameters, schema
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Outputs:
+    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         options = {p: getattr(body, p) for p in self.parameters}
         found = await getattr(engine, self.method)(
             body.inputs, model=model.name, call=call, **options
@@ -572,7 +572,7 @@ _route(
     _infer,
     "POST",
     "/infer",
-    "Inference (see the README's table for each task's tensors)",
+    "Inference (docs/api.md, 'The Open Inference Protocol (v2)': each task's tensors)",
     (400, 401, 404, 413, 422, 429, 503),
     infer_schema(),
 )

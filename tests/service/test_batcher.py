@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from heads.rows import InvalidInput, Outputs, Sequence
+from heads.rows import InvalidInput, ModelRow, Outputs
 from service.batcher import INLINE_CHARS, SERIAL_BELOW, Batcher, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.job_queue import WINDOW_FACTOR, Admission, JobQueue, Timing, grow_batch, next_batch
@@ -24,9 +24,9 @@ from service.metrics import Metrics
 pytestmark = pytest.mark.anyio
 
 
-def seq(length: int, first_id: int = 1) -> Sequence:
+def seq(length: int, first_id: int = 1) -> ModelRow:
     """A row of `length` tokens whose ids start at first_id (so rows can be told apart)."""
-    return Sequence(
+    return ModelRow(
         np.arange(first_id, first_id + length, dtype=np.int64), np.zeros(length, dtype=np.int64)
     )
 
@@ -83,19 +83,19 @@ class Rows:
     texts: list[str] = []
     truncated = windowed = 0
 
-    def __init__(self, rows: list[Sequence]) -> None:
+    def __init__(self, rows: list[ModelRow]) -> None:
         self._rows = rows
 
-    def rows(self, tokenizer: object, encodings: list[object]) -> list[Sequence]:
+    def rows(self, tokenizer: object, encodings: list[object]) -> list[ModelRow]:
         return self._rows
 
     def answer(self, outputs: list[Outputs]) -> list[Outputs]:
         return outputs
 
 
-def submit(batcher: Batcher, rows: list[Sequence], deadline: float) -> Any:
-    """The batcher's submit (a coroutine): the rows' outputs, in order."""
-    return batcher.submit(Rows(rows), deadline)
+async def submit(batcher: Batcher, rows: list[ModelRow], deadline: float) -> Any:
+    """The rows' outputs, in order (a coroutine: a task enqueues when it first runs)."""
+    return await batcher.enqueue(Rows(rows), deadline)
 
 
 def deadline(seconds: float = 10) -> float:
@@ -140,7 +140,7 @@ def test_next_batch_grows_around_the_oldest_row_shortest_first() -> None:
 
 
 def test_pad_masks_and_pads_with_zeros() -> None:
-    feeds = pad([seq(3, 5), Sequence(np.array([7], dtype=np.int64), np.array([1], dtype=np.int64))])
+    feeds = pad([seq(3, 5), ModelRow(np.array([7], dtype=np.int64), np.array([1], dtype=np.int64))])
     assert feeds["input_ids"].tolist() == [[5, 6, 7], [7, 0, 0]]
     assert feeds["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert feeds["token_type_ids"].tolist() == [[0, 0, 0], [1, 0, 0]]
@@ -163,7 +163,7 @@ async def test_the_depth_counts_unencoded_jobs_and_the_queued_rows_of_live_ones(
     only a request with rows still queued saves compute when its client goes away."""
     queue, metrics = queue_of(max_batch_size=2)
     loop = asyncio.get_running_loop()
-    assert queue.empty and sample(metrics, "bert_heads_queue_depth") == 0
+    assert queue.depth == 0 and sample(metrics, "bert_heads_queue_depth") == 0
     a, b = queue.put(Rows([]), deadline(), loop), queue.put(Rows([]), deadline(), loop)
     assert queue.depth == 2  # one per job not encoded yet
     assert queue.take_new() == [a, b]
@@ -184,7 +184,7 @@ async def test_the_depth_counts_unencoded_jobs_and_the_queued_rows_of_live_ones(
     c.future.set_result(None)
     await asyncio.sleep(0)
     assert sample(metrics, "bert_heads_dropped_requests_total", reason="client_gone") == 1
-    assert queue.take_new() == [] and queue.next_batch() == [] and queue.empty
+    assert queue.take_new() == [] and queue.next_batch() == [] and queue.depth == 0
     # a finished request's deadline timer is cancelled: the loop does not keep it until then
     assert all(r.timer is not None and r.timer.cancelled() for r in (a, b, c))
 
@@ -256,7 +256,7 @@ async def test_a_batcher_takes_jobs_only_while_its_worker_runs() -> None:
     batcher.start()
     assert batcher.alive
     assert [t.get_name() for t in asyncio.all_tasks() - before] == ["batcher-m"]
-    assert (await batcher.submit(Rows([seq(3, 1)]), deadline()))[0]["total"] == 6
+    assert (await batcher.enqueue(Rows([seq(3, 1)]), deadline()))[0]["total"] == 6
     await asyncio.sleep(0.01)  # idle again: its lane has ended
     await batcher.stop()
     assert not batcher.alive
@@ -547,7 +547,7 @@ class Together(Rows):
 
     calls: list[int] = []
 
-    def __init__(self, rows: list[Sequence], poison: bool = False) -> None:
+    def __init__(self, rows: list[ModelRow], poison: bool = False) -> None:
         super().__init__(rows)
         self.poison = poison
 
@@ -611,7 +611,7 @@ class Texts(Rows):
         self.texts, self.broken = [text], broken
         self.thread: int | None = None
 
-    def rows(self, tokenizer: object, encodings: list[object]) -> list[Sequence]:
+    def rows(self, tokenizer: object, encodings: list[object]) -> list[ModelRow]:
         self.thread = threading.get_ident()
         if self.broken:
             raise RuntimeError("a bug in this job's rows")
@@ -629,8 +629,8 @@ async def test_an_idle_model_tokenizes_a_short_job_on_the_loop_and_a_long_one_in
     batcher.tokenizer = Encoder()  # type: ignore[assignment]
     # INLINE_CHARS characters in all are still short; one more is long
     short, long_ = Texts("w" * INLINE_CHARS), Texts("w" * (INLINE_CHARS + 1))
-    assert (await batcher.submit(short, deadline()))[0]["total"] == 40 + 41 + 42
-    assert (await batcher.submit(long_, deadline()))[0]["total"] == 40 + 41 + 42
+    assert (await batcher.enqueue(short, deadline()))[0]["total"] == 40 + 41 + 42
+    assert (await batcher.enqueue(long_, deadline()))[0]["total"] == 40 + 41 + 42
     assert short.thread == threading.get_ident() != long_.thread
     await batcher.stop()
 
@@ -671,12 +671,12 @@ async def test_a_failure_tokenizing_fails_only_its_request_and_is_logged(
     batcher, _ = make(backend)
     batcher.tokenizer = Encoder()  # type: ignore[assignment]
     with pytest.raises(BackendError, match="^internal error while tokenizing$"):
-        await batcher.submit(Texts("w" * chars, broken=True), deadline())
+        await batcher.enqueue(Texts("w" * chars, broken=True), deadline())
     [record] = [r for r in caplog.records if r.name == "service.batcher"]
     assert record.levelno == logging.ERROR and record.getMessage() == "m: tokenization failed"
     assert record.exc_info is not None  # with the traceback
     assert batcher.alive
-    assert (await batcher.submit(Texts("w" * chars), deadline()))[0]["total"] == 123
+    assert (await batcher.enqueue(Texts("w" * chars), deadline()))[0]["total"] == 123
     await batcher.stop()
 
 
@@ -788,7 +788,7 @@ class Echo(Rows):
         self.texts, self.invalid, self.truncated = texts, invalid, truncated
         self.windowed = int(truncated > 0)
 
-    def rows(self, tokenizer: object, encodings: list[object]) -> list[Sequence]:
+    def rows(self, tokenizer: object, encodings: list[object]) -> list[ModelRow]:
         if self.invalid:
             raise InvalidInput("this input cannot make rows")
         return [seq(len(str(e)), 1) for e in encodings]
@@ -813,7 +813,7 @@ async def test_jobs_encoded_together_each_get_their_own_encodings_and_errors() -
 async def test_a_job_without_rows_is_answered_without_a_batch() -> None:
     backend = FakeBackend()
     batcher, _ = make(backend)
-    assert await batcher.submit(Rows([]), deadline()) == []
+    assert await batcher.enqueue(Rows([]), deadline()) == []
     assert backend.batches == []
     await batcher.stop()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from heads.package import read_package
-from heads.rows import Sequence, pad
+from heads.rows import ModelRow, pad
 from service import runtime
 from service.runtime import open_backend, warm_up
 from service.settings import Settings
@@ -33,7 +33,7 @@ def package(tmp_path_factory: pytest.TempPathFactory):
 def batch() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     rows = [
-        Sequence(np.concatenate([[2], rng.integers(5, 90, n), [3]]), np.zeros(n + 2, np.int64))
+        ModelRow(np.concatenate([[2], rng.integers(5, 90, n), [3]]), np.zeros(n + 2, np.int64))
         for n in (3, 17, 60)
     ]
     return pad(rows)

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from heads.package import read_package, write_package
-from heads.rows import Sequence, pad
+from heads.rows import ModelRow, pad
 from service import runtime
 from service.runtime import choose_variant, open_backend, warm_up
 from service.settings import Settings
@@ -29,7 +29,7 @@ def package(tmp_path_factory: pytest.TempPathFactory, make_package: Callable[...
 
 
 def feeds() -> dict[str, np.ndarray]:
-    return pad([Sequence(np.array([2, 40, 41, 3]), np.zeros(4, dtype=np.int64))])
+    return pad([ModelRow(np.array([2, 40, 41, 3]), np.zeros(4, dtype=np.int64))])
 
 
 def test_choose_variant(package) -> None:

@@ -19,7 +19,7 @@ from training.checkpoint import (
     load_model,
     load_state_dict_file,
     read_max_seq_length,
-    read_pooling,
+    read_sentence_transformers,
     save_model,
 )
 from training.model import (
@@ -174,7 +174,8 @@ def test_embedding_folder_is_a_sentence_transformers_model(
     st = pytest.importorskip("sentence_transformers")
     model = _new("embedding", tiny_config, pooling=pooling, normalize=normalize)
     save_model(model, tmp_path, tokenizer=tiny_tokenizer)
-    assert read_pooling(tmp_path) == (pooling, normalize)
+    folder = read_sentence_transformers(tmp_path)
+    assert folder is not None and (folder.pooling, folder.normalize) == (pooling, normalize)
     assert not any(k.startswith("bert.") for k in load_state_dict_file(tmp_path))
     loaded = load_model(tmp_path)
     assert (loaded.pooling, loaded.normalize) == (pooling, normalize)
@@ -438,7 +439,11 @@ def minilm(minilm_path):
 
 def test_minilm_loads_as_a_mean_pooled_normalised_embedding_model(minilm, minilm_path):
     assert isinstance(minilm, BertForEmbedding)
-    assert (minilm.pooling, minilm.normalize) == ("mean", True) == read_pooling(minilm_path)
+    folder = read_sentence_transformers(minilm_path)
+    assert folder is not None
+    assert (
+        (minilm.pooling, minilm.normalize) == ("mean", True) == (folder.pooling, folder.normalize)
+    )
     assert minilm.config.num_hidden_layers == 6 and not minilm.training
 
 
@@ -499,7 +504,9 @@ def test_minilm_saved_by_us_is_still_minilm(minilm, minilm_path, tmp_path, parit
         load_tokenizer(minilm_path),
         max_seq_length=read_max_seq_length(minilm_path),
     )
-    assert read_max_seq_length(tmp_path) == 256 and read_pooling(tmp_path) == ("mean", True)
+    folder = read_sentence_transformers(tmp_path)
+    assert folder is not None and (folder.pooling, folder.normalize) == ("mean", True)
+    assert read_max_seq_length(tmp_path) == 256
     texts = ["A man is playing a guitar.", "Des chiens jouent dans le parc!", "THE END"]
     _, ids, mask = next(_minilm_batches(tmp_path, texts))
     with torch.no_grad():

@@ -180,6 +180,11 @@ def test_init_continues_from_a_checkpoint_with_its_config_and_vocabulary(data, t
     drawn = BertForPreTraining(BertConfig.load(encoder / "config.json")).state_dict()[key]
     drawn = (drawn - start).abs()
     assert moved.mean() < drawn.mean() / 10
+    # a run from --init resumes as any other, its tokenizer the one it saved
+    argv = f"--corpus {data['train']} --init {tmp_path / 'first'} --objective mlm --steps 6"
+    argv += f" --max-seq-length 32 --batch-size 8 --cache-dir {data['cache']} --no-progress"
+    pretrain(parse_args([*argv.split(), "--out", str(tmp_path / "again"), "--resume", *common]))
+    assert [r["step"] for r in train_rows(tmp_path / "again")] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(SystemExit, match="leave out --config"):
         check_args(
             parse_args([*f"--corpus x --init {init} --config tiny --steps 1 --out o".split()])

@@ -1,6 +1,6 @@
 """Dynamic padding: a list of model rows -> one batch of tensors, padded to its longest row.
 
-A row is a dict {"sequence": heads.rows.Sequence, ...targets}; a row may also hold a
+A row is a dict {"sequence": heads.rows.ModelRow, ...targets}; a row may also hold a
 "pair" Sequence (embedding training), which goes into the same batch after all the
 "sequence"s. Scalar targets stack to (B,); per-token targets (L,) are padded with -100.
 

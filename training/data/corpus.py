@@ -255,10 +255,10 @@ def tokenize_corpus(
                 k = 0
                 for d in docs:
                     n_sentences = len(sentence_ends)
-                    for e in encodings[k : k + len(d)]:
-                        if e.ids:
-                            out.write(np.asarray(e.ids, dtype=dtype).tobytes())
-                            sentence_ends.append(sentence_ends[-1] + len(e.ids))
+                    for enc in encodings[k : k + len(d)]:
+                        if enc.ids:
+                            out.write(np.asarray(enc.ids, dtype=dtype).tobytes())
+                            sentence_ends.append(sentence_ends[-1] + len(enc.ids))
                     k += len(d)
                     if len(sentence_ends) > n_sentences:  # a document with some tokens
                         document_ends.append(len(sentence_ends) - 1)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from training.data.batch import collate
 
@@ -62,7 +62,10 @@ class EpochBatches:
         lengths: Sequence[int] | None = None,
     ) -> None:
         self.rows, self.batch_size, self.pad_id, self.lengths = rows, batch_size, pad_id, lengths
-        self.sampler = DistributedSampler(rows, world, rank, shuffle=True, seed=seed)
+        # The sampler only takes len() of its dataset; the stubs want a Dataset, not a list.
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            cast(Dataset, rows), world, rank, shuffle=True, seed=seed
+        )
         self.steps_per_epoch = math.ceil(len(self.sampler) / batch_size)
         self.index = self.position = 0  # the epoch, and the batches done in it
         self._batches: list[list[int]] = []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from heads.rows import encode_texts
+from heads.rows import TextInput, encode_texts
 from training.data.records import DataError, field, read_records, require_rows
 
 EXPECTED = (
@@ -93,6 +93,6 @@ def training_pairs(pairs: list[TextPair] | list[ScoredPair]) -> list[TextPair]:
 def encode_pairs(pairs: list[TextPair], tokenizer: Tokenizer, max_seq_length: int) -> list[dict]:
     """Rows {"sequence": anchor, "pair": positive}: the collate function puts all anchors and
     then all positives in one padded batch of 2B rows, so one forward pass embeds both."""
-    texts = [t for p in pairs for t in (p.anchor, p.positive)]
+    texts: list[TextInput] = [t for p in pairs for t in (p.anchor, p.positive)]
     seqs = encode_texts(tokenizer, texts, max_seq_length).sequences
     return [{"sequence": a, "pair": b} for a, b in zip(seqs[0::2], seqs[1::2], strict=True)]

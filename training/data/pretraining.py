@@ -260,7 +260,7 @@ class Vocabulary:
 def build_batch(
     corpus: TokenizedCorpus,
     instances: Instances,
-    indices: Sequence[int],
+    indices: Sequence[int] | np.ndarray,
     vocab: Vocabulary,
     pad_to: int = 0,
 ) -> dict[str, Tensor]:
@@ -278,10 +278,10 @@ def build_batch(
     input_ids = torch.full((len(rows), T), vocab.pad, dtype=torch.long)
     token_type_ids = torch.zeros((len(rows), T), dtype=torch.long)
     attention_mask = torch.zeros((len(rows), T), dtype=torch.long)
-    for r, (ids, segs) in enumerate(zip(rows, types, strict=True)):
-        input_ids[r, : len(ids)] = torch.from_numpy(ids)
-        token_type_ids[r, : len(ids)] = torch.from_numpy(segs)
-        attention_mask[r, : len(ids)] = 1
+    for r, (row_ids, row_types) in enumerate(zip(rows, types, strict=True)):
+        input_ids[r, : len(row_ids)] = torch.from_numpy(row_ids)
+        token_type_ids[r, : len(row_ids)] = torch.from_numpy(row_types)
+        attention_mask[r, : len(row_ids)] = 1
     batch = {
         "input_ids": input_ids,
         "token_type_ids": token_type_ids,

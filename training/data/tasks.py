@@ -2,7 +2,7 @@
 
     rows, labels, n = training_rows("classification", "sst2/train.tsv", tokenizer, 128)
 
-Rows are dicts {"sequence": heads.rows.Sequence, ...targets} for training.data.batch.collate;
+Rows are dicts {"sequence": heads.rows.ModelRow, ...targets} for training.data.batch.collate;
 labels are the data's label names in id order (classification, token classification; else
 None), `known` (a checkpoint's id2label) kept when the data uses its names.
 """
@@ -41,21 +41,25 @@ def training_rows(
         examples = read_classification(path)[:limit]
         labels = label_vocabulary(examples, known)
         rows = encode_classification(examples, tokenizer, labels, max_seq_length)
+        n = len(examples)
     elif task == "token-classification":
-        examples = read_tagged(path)[:limit]
-        labels = tag_vocabulary(examples, known)
-        rows = encode_tagged(examples, tokenizer, labels, max_seq_length)
+        sentences = read_tagged(path)[:limit]
+        labels = tag_vocabulary(sentences, known)
+        rows = encode_tagged(sentences, tokenizer, labels, max_seq_length)
+        n = len(sentences)
     elif task == "question-answering":
-        examples = read_squad(path)[:limit]
-        rows, skipped = encode_squad(examples, tokenizer, max_seq_length, doc_stride)
+        questions = read_squad(path)[:limit]
+        rows, skipped = encode_squad(questions, tokenizer, max_seq_length, doc_stride)
         if skipped:
             log(f"skipped {skipped} answers whose text is not at answer_start")
+        n = len(questions)
     else:
         pairs = read_pairs(path)[:limit]
-        examples = training_pairs(pairs)
-        if len(examples) < len(pairs):
-            log(f"{len(examples):,} of {len(pairs):,} scored pairs have score >= 4: positives")
-        rows = encode_pairs(examples, tokenizer, max_seq_length)
+        positives = training_pairs(pairs)
+        if len(positives) < len(pairs):
+            log(f"{len(positives):,} of {len(pairs):,} scored pairs have score >= 4: positives")
+        rows = encode_pairs(positives, tokenizer, max_seq_length)
+        n = len(positives)
     if not rows:
         raise DataError(f"{path}: no training rows left after encoding")
-    return rows, labels, len(examples)
+    return rows, labels, n

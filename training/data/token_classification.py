@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from heads.rows import Sequence, Template, row, template
+from heads.rows import ModelRow, Template, row, template
 from training.data.records import JSONL, DataError, existing, field, read_records, require_rows
 from training.metrics import to_iob2
 
@@ -179,5 +179,5 @@ def _row(chunk: list[tuple[np.ndarray, str]], tag_id: dict[str, int], layout: Te
     # after the template's prefix ([CLS], <s>)
     first = len(layout.single.prefix) + np.cumsum([0] + [len(p) for p, _ in chunk[:-1]])
     labels[first] = [tag_id[t] for _, t in chunk]
-    sequence: Sequence = row(layout, ids)
+    sequence: ModelRow = row(layout, ids)
     return {"sequence": sequence, "labels": labels}

@@ -154,7 +154,7 @@ class Family:
     # attention_mask, token_type_ids) gives the L + 1 hidden states, embeddings first), the
     # "context_pooler" and the "head" of `classifier`.
     qa_outputs: str = "qa_outputs"  # transformers' name of the QA head's linear layer
-    encoder: Callable[[Any], Any] | None = None
+    encoder: type[Any] | None = None  # a class: training.model subclasses it
     pooler: Callable[[Any], Any] | None = None
     head: Callable[[Any], Any] | None = None
     # The masked-LM head (task "fill-mask"), where it is not BERT's: a module built from

@@ -223,7 +223,8 @@ class DisentangledSelfAttention(nn.Module):
         # scoring them was most of what DeBERTa cost over BERT on CPU (v3's 256 buckets: 512
         # rows, of which T = 32 reaches 63; benchmarks/README.md, issue 46).
         reach = self.distances.reach(relative.size(0))
-        offsets = torch.arange(-reach, reach + 1).to(relative.device)
+        # arange takes 0-dim tensors as bounds; the stubs list only Python numbers
+        offsets = torch.arange(-reach, reach + 1).to(relative.device)  # type: ignore[call-overload]
         rows = torch.clamp(offsets + span, 0, 2 * span - 1)  # (R,)
         terms = []
         if self.c2p:

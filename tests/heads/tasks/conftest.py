@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from heads.rows import Outputs, Sequence, prepare_tokenizer
+from heads.rows import ModelRow, Outputs, prepare_tokenizer
 
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
 
@@ -145,7 +145,7 @@ def tiny_model() -> Callable[..., Any]:
     return make
 
 
-def forward(model: Any, seq: Sequence) -> Outputs:
+def forward(model: Any, seq: ModelRow) -> Outputs:
     """One unpadded row through a torch model, as the batcher hands rows back: batch axis gone."""
     import torch
 
@@ -260,5 +260,5 @@ def ids_of(hf_encoding: Any) -> list[list[int]]:
     return ids if ids and isinstance(ids[0], list) else [ids]
 
 
-def as_lists(seqs: list[Sequence]) -> list[list[int]]:
+def as_lists(seqs: list[ModelRow]) -> list[list[int]]:
     return [np.asarray(s.input_ids).tolist() for s in seqs]
