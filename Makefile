@@ -110,8 +110,8 @@ serve: install-dev models  ## install, build the default models if missing, serv
 	@echo "[serve] starting on 127.0.0.1:$(PORT) (ready when /ready answers 200; Ctrl-C stops it)"
 	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)
 
-test-e2e: models  ## the docs' task answers from a real task build, then Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
-	$(BIN)/python -m pytest -q -m tasks -p no:cacheprovider
+test-e2e: models  ## the docs' answers from the real default and task builds, then Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
+	$(BIN)/python -m pytest -q -m 'tasks or demo' -p no:cacheprovider
 	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
 
 # One line naming what is missing, instead of `docker: unknown command: docker compose` halfway

@@ -41,7 +41,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"{SHARED_DATA} is absent (../shared/data)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: the marks set here count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "demo_models" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.demo)
     if os.environ.get("BERT_HEADS_ONLY_SHARED") != "1":
         return
     keep = [item for item in items if asks_for_data(item)]
@@ -126,7 +130,8 @@ def _built(kind: str, names: list[str]) -> Path:
 @pytest.fixture(scope="session")
 def demo_models(minilm_path: Path) -> Path:
     """The default build's demo heads (demo-sentiment, demo-ner, demo-qa): 2 min 17 s on an
-    idle 2-core machine, 4 min on a busy one."""
+    idle 2-core machine, 4 min on a busy one. A test that uses them is marked `demo` (above):
+    CI's e2e stage runs those, beside the default build it serves."""
     from demo.models import DEMO_HEADS
 
     return _built("demo-models", list(DEMO_HEADS))

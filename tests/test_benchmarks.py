@@ -143,6 +143,7 @@ def test_the_family_speed_benchmark_times_every_family_beside_bert(tmp_path):
     assert all("Attention" not in fused[f] for f in ("deberta-v2", "modernbert", "mpnet"))
 
 
+@pytest.mark.slow  # ~35 s: two training loops
 def test_ours_and_trainers_loops_run_side_by_side_on_the_same_rows(
     tmp_path, shared_data, minilm_path
 ):

@@ -58,6 +58,7 @@ def examples(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow  # ~25 s: a process importing torch for each command
 def test_every_command_shows_an_example_that_names_only_what_a_clone_has():
     for module in COMMANDS:
         shown = examples(help_text(module))

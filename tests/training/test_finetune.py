@@ -334,7 +334,8 @@ def test_the_command_line_reports_bad_input_without_a_traceback(init, sentiment,
     assert "error:" in capsys.readouterr().err
 
 
-# ~10 s: in the unit suite, so that CI runs DDP (torchrun, gloo) for real
+# ~12 s: CI's slow stage runs DDP (torchrun, gloo) for real
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_with_two_gloo_processes_on_cpu(init, sentiment, tmp_path):
     out = tmp_path / "ddp"

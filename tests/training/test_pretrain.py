@@ -113,6 +113,7 @@ def test_a_tiny_run_learns_and_its_checkpoint_opens_in_transformers(data, tmp_pa
     )
 
 
+@pytest.mark.slow  # ~25 s of pretraining
 def test_the_model_learns_from_context_not_just_word_frequencies(data, tmp_path):
     # The loss can fall by learning word frequencies alone (the plateau a short run on real
     # text sits near), and a masking or label-alignment fault would stop it there. On a corpus
@@ -355,7 +356,8 @@ def test_durations():
         duration("soon")
 
 
-# ~10 s: in the unit suite, so that CI runs DDP (torchrun, gloo) for real
+# ~15 s: CI's slow stage runs DDP (torchrun, gloo) for real
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_processes_with_torchrun_on_cpu(data, tmp_path):
     """DDP over gloo: both ranks train, rank 0 writes one checkpoint."""
