@@ -70,6 +70,7 @@ CONFIG = {
 # (status, pattern of the error message, which, why); the first match names the refusal.
 REFUSALS: list[tuple[int, str, str, str]] = [
     (404, r"^no model named", "state", "unknown model name"),
+    (404, r"^no embedding model named", "state", "unknown model name (GET /v1/models/{id})"),
     (404, r"has no version", "state", "unknown model version (v2)"),
     (404, r"^no .*model .*(is loaded|serves is loaded)", "state", "no model of the endpoint's kind loaded"),
     (422, r"^several .* are loaded", "state", "several models of the task loaded, none named"),
@@ -92,6 +93,8 @@ REFUSALS: list[tuple[int, str, str, str]] = [
     (400, r"^no output ", "state", "the model's outputs (GET /v2/models/{name})"),
     (400, r"shape \[.*\] but \d+ elements", "rule", "v2: shape [N] is the number of data elements"),
     (400, r"^input '.*' is given twice", "rule", "v2: each input tensor once (by name)"),
+    (422, r"is given twice, in the body and in parameters", "rule",
+     "the Hugging Face form: an option once, in the body or in parameters"),
     (400, r"must have the same number of elements", "rule",
      "v2: the input tensors of a request have the same N"),
 ]  # fmt: skip

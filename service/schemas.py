@@ -26,12 +26,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ValidatorFunctionWrapHandler,
     WrapValidator,
     model_validator,
 )
-from pydantic.json_schema import JsonDict
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonDict, JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 
 def _check_unicode(text: str, where: str = "text") -> str:
@@ -178,7 +179,7 @@ class _HfBody(_Body):
     def _flatten_parameters(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
             return data
-        own = sorted(set(cls.model_fields) - {"inputs", "parameters", "model"})
+        own = cls._own_options()
         out = {**data, "parameters": {}}
         for key, value in data["parameters"].items():
             if key not in own:
@@ -195,6 +196,31 @@ class _HfBody(_Body):
                 )
             out[key] = value
         return out
+
+    @classmethod
+    def _own_options(cls) -> list[str]:
+        return sorted(set(cls.model_fields) - {"inputs", "parameters", "model"})
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # The document states what `parameters` takes, the route's own options and nothing else,
+        # as the validator above refuses any other key
+        schema = handler(core_schema)
+        body = handler.resolve_ref_schema(schema)
+        props = body.get("properties", {})
+        own = {k: props[k] for k in cls._own_options() if k in props}
+        if "parameters" in props:
+            props["parameters"] = {
+                "anyOf": [
+                    {"type": "object", "properties": own, "additionalProperties": False},
+                    {"type": "null"},
+                ],
+                "default": None,
+                "description": props["parameters"].get("description", ""),
+            }
+        return schema
 
 
 # -- requests ----------------------------------------------------------------------------------
