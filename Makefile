@@ -111,7 +111,7 @@ serve: install-dev models  ## install, build the default models if missing, serv
 	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)
 
 test-e2e: models  ## the docs' answers from the real default and task builds, then Docker end to end: image, compose up, real requests (sets up Docker as root if absent)
-	$(BIN)/python -m pytest -q -m 'tasks or demo' -p no:cacheprovider
+	BERT_HEADS_DEMO_MODELS=$(abspath $(MODELS)) $(BIN)/python -m pytest -q -m 'tasks or demo' -p no:cacheprovider
 	bash .ci/with-docker.sh $(BIN)/python -m pytest -q -m docker -p no:cacheprovider -s
 
 # One line naming what is missing, instead of `docker: unknown command: docker compose` halfway

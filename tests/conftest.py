@@ -131,9 +131,15 @@ def _built(kind: str, names: list[str]) -> Path:
 def demo_models(minilm_path: Path) -> Path:
     """The default build's demo heads (demo-sentiment, demo-ner, demo-qa): 2 min 17 s on an
     idle 2-core machine, 4 min on a busy one. A test that uses them is marked `demo` (above):
-    CI's e2e stage runs those, beside the default build it serves."""
+    CI's e2e stage runs those on the default build it serves (BERT_HEADS_DEMO_MODELS: built by
+    `make models` from the same checkout, so the heads are not trained twice)."""
     from demo.models import DEMO_HEADS
 
+    given = os.environ.get("BERT_HEADS_DEMO_MODELS")
+    if given:  # `make test-e2e`: the ./models that `make models` has just built (or kept)
+        missing = [h for h in DEMO_HEADS if not (Path(given) / h / "package.json").is_file()]
+        assert not missing, f"BERT_HEADS_DEMO_MODELS={given} lacks {missing}: run `make models`"
+        return Path(given)
     return _built("demo-models", list(DEMO_HEADS))
 
 
