@@ -26,7 +26,7 @@ from service.engine import Engine
 from service.http import install_error_handlers
 from service.keys import Keys
 from service.routes import ROUTERS, inference_routes
-from service.routes.inference import DisconnectWatch, InferencePath
+from service.routes.inference import InferencePath
 from service.settings import Settings
 
 
@@ -86,16 +86,15 @@ def create_app(settings: Settings | None = None) -> App:
     app.state.keys = Keys(settings.api_key, settings.api_keys_file)
     app.state.admin_keys = Keys(settings.admin_key, None)
     app.state.registry, app.state.metrics = registry, metrics
-    app.state.disconnect_watch = DisconnectWatch()  # the inference routes' (see there)
     app.state.tracing = None  # the lifespan's, when otlp_endpoint is set (the v2 routes')
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
     # CORS (outermost, so every answer carries its headers) -> the inference POSTs' one path
-    # (limit, metrics, body, key, engine, error body) -> FastAPI for everything else.
+    # (limit, body, key, engine, error body, the request's lifecycle) -> FastAPI for the rest.
     behind = partial(FastAPI.__call__, app)
     path = InferencePath(
-        behind, routes=inference_routes(), metrics=metrics, limit=settings.payload_limit
+        behind, routes=inference_routes(), engine=engine, limit=settings.payload_limit
     )
     stack: ASGIApp = path
     if settings.cors_origins:

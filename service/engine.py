@@ -12,9 +12,10 @@ task, or its default: service.selection; 404 / 422), the size limits (413), the 
 batcher with the request's deadline (503 timeout), and its answer. Errors are the
 service.errors types (a bad input: heads.rows.InvalidInput), whoever the caller is.
 
-A caller that can lose interest passes a `Call` of its own: the HTTP routes' `Inference`
-watches for the client's disconnect while it waits (cancelling the answer's future drops the
-job's rows still queued) and records the model a request used for the request metrics.
+A caller passes a `Call` of its own (Engine.call makes one) to read back what its request used
+and where its time went, or to give it up: a plain record the engine fills in, never calls back
+into. The HTTP fronts (service.lifecycle) read it for their headers, metrics and spans, and
+cancel it when the client disconnects (the job's rows still queued are then dropped).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from heads.tasks import (
     tokenize,
     zero_shot,
 )
-from service.errors import ModelNotFound, PayloadTooLarge
+from service.errors import ClientGone, ModelNotFound, PayloadTooLarge
 from service.job_queue import Timing
 from service.metrics import Metrics
 from service.model_control import Poller
@@ -51,15 +52,20 @@ from service.settings import Settings
 
 
 class Call:
-    """One caller's request through the engine: its deadline (event loop clock), how it waits
-    for the answer, what it used (the model and the job, once chosen) and where its time went
-    (`timing`: queue, tokenization, inference seconds)."""
+    """One caller's request through the engine, as data: its deadline (event loop clock),
+    whether its caller gave it up, and what the engine filled in: the model and the request
+    task once chosen, the inputs' count, the job and its answer's future once queued, and where
+    its time went (`timing`: queue, tokenization, inference seconds; `enqueued`: when the job was
+    queued). The engine writes these as it goes and never calls back: its caller reads them
+    once the answer (or the error) is back, or cancels the call while it waits."""
 
     model: LoadedModel | None = None
-    job: Job | None = None
-    # What its spans need (service.tracing.Traced), kept only while tracing is on (KeepsSpanTimes)
-    enqueued = 0.0  # perf_counter() when its job was queued; 0.0: never
+    task = ""  # the request task the metrics and spans name (the model's, once chosen)
     inputs = 0
+    job: Job | None = None
+    future: asyncio.Future[Any] | None = None  # the job's answer, once queued
+    enqueued = 0.0  # perf_counter() when its job was queued; 0.0: never
+    cancelled = False  # its caller gave it up (cancel)
     # Its rows share a batch with no other call's: its answers then depend on its own inputs
     # alone, run after run (the offline batch command's calls; a server's calls mix).
     alone = False
@@ -69,31 +75,12 @@ class Call:
         self.where = where  # how errors name the caller: "/classify needs a ... model"
         self.timing = Timing()
 
-    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
-        """Called once the model is chosen, with the number of inputs (the HTTP request records
-        the model for its metrics, and both for its span)."""
-        self.model = model
-
-    async def wait(self, answer: asyncio.Future[Any]) -> Any:
-        """The answer. Cancelling `answer` instead drops the job's rows still queued."""
-        return await answer
-
-
-class KeepsSpanTimes:
-    """Mixed into a `Call` while tracing is on: it also keeps what the request's spans need
-    (service.tracing.Traced), so that tracing off costs nothing on the request path."""
-
-    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
-        super().chose(model, task, inputs)  # type: ignore[misc]
-        self.inputs = inputs
-
-    async def wait(self, answer: asyncio.Future[Any]) -> Any:
-        self.enqueued = time.perf_counter()  # the engine queued the job just before
-        return await super().wait(answer)  # type: ignore[misc]
-
-
-class TracedCall(KeepsSpanTimes, Call):
-    """A `Call` with its span times (the v2 protocol's requests while tracing is on)."""
+    def cancel(self) -> None:
+        """Give the answer up: the job's rows still queued are dropped, and the engine raises
+        ClientGone to whoever awaits it."""
+        self.cancelled = True
+        if self.future is not None:
+            self.future.cancel()
 
 
 class Engine:
@@ -145,14 +132,13 @@ class Engine:
     ) -> None:
         await self.stop()
 
-    def call(self, where: str = "this call", traced: bool = False) -> Call:
-        """A Call with the default deadline (request_timeout from now); `traced`: one that
-        keeps its span times (TracedCall)."""
+    def call(self, where: str = "this call") -> Call:
+        """A Call with the default deadline (request_timeout from now)."""
         loop = asyncio.get_running_loop()
-        return (TracedCall if traced else Call)(loop.time() + self.settings.request_timeout, where)
+        return Call(loop.time() + self.settings.request_timeout, where)
 
     # -- the tasks -------------------------------------------------------------------------
-    # Each returns `run`'s coroutine rather than awaiting it in one of its own: one frame less
+    # Each returns `answer`'s coroutine rather than awaiting it in one of its own: one frame less
     # per request on the event loop.
 
     def classify(
@@ -168,7 +154,7 @@ class Engine:
     ) -> Awaitable[list[list[dict[str, Any]]]]:
         """Per input (a text or an (a, b) pair) its top_k `{label, score}`, best first."""
         items = list(inputs)  # one copy: the size check and the job read the same list
-        return self.run(
+        return self.answer(
             "classification",
             model,
             items,
@@ -196,7 +182,7 @@ class Engine:
         """Per text its entities `{entity_group, score, word, start, end}` (or one entry per
         token with aggregation_strategy "none")."""
         items = list(texts)
-        return self.run(
+        return self.answer(
             "token-classification",
             model,
             items,
@@ -226,7 +212,7 @@ class Engine:
         context has none), or with top_k > 1 a list of up to top_k, best first (the
         transformers pipeline's option names)."""
         items = list(pairs)
-        return self.run(
+        return self.answer(
             "question-answering",
             model,
             items,
@@ -276,7 +262,7 @@ class Engine:
                 dimensions=dimensions,
             )
 
-        return self.run("embedding", model, items, job, call)
+        return self.answer("embedding", model, items, job, call)
 
     def embed_sparse(
         self,
@@ -303,7 +289,7 @@ class Engine:
                 truncation_direction=truncation_direction,
             )
 
-        return self.run("embedding", model, items, job, call, use="sparse-embedding")
+        return self.answer("embedding", model, items, job, call, use="sparse-embedding")
 
     def fill_mask(
         self,
@@ -317,7 +303,7 @@ class Engine:
         """Per text the top_k fillers `{score, token, token_str, sequence}` of its mask token
         (one list per mask when it has several), as the fill-mask pipeline answers."""
         items = list(texts)
-        return self.run(
+        return self.answer(
             "fill-mask",
             model,
             items,
@@ -344,7 +330,7 @@ class Engine:
         classification package of a cross-encoder (heads.tasks.rerank), one that reads single
         texts only with `allow_single_text` (service.selection)."""
         items = list(documents)
-        return self.run(
+        return self.answer(
             "classification",
             model,
             [(query, document) for document in items],  # a row each: counted, sized as pairs
@@ -380,7 +366,7 @@ class Engine:
         one that reads single texts only with `allow_single_text` (service.selection)."""
         items, labels = list(sequences), list(candidate_labels)
         self.check_sizes(labels)
-        return self.run(
+        return self.answer(
             "classification",
             model,
             items,
@@ -413,7 +399,7 @@ class Engine:
             prompt = embed.prompt(package, prompt_name) if prompt_name is not None else ""
             return tokenize.TokenizeJob(items, add_special_tokens=add_special_tokens, prompt=prompt)
 
-        return self.run(None, model, items, job, call)
+        return self.answer(None, model, items, job, call)
 
     def decode(
         self,
@@ -425,7 +411,7 @@ class Engine:
     ) -> Awaitable[list[str]]:
         """Per list of token ids its text, with the model's tokenizer (any package)."""
         items = [list(row) for row in ids]
-        return self.run(
+        return self.answer(
             None,
             model,
             items,
@@ -435,7 +421,7 @@ class Engine:
 
     # -- the one path ----------------------------------------------------------------------
 
-    async def run(
+    async def answer(
         self,
         task: str | None,
         name: str | None,
@@ -447,20 +433,26 @@ class Engine:
         allow_single_text: bool = False,
     ) -> Any:
         """The answer of the job `make_job` builds for the chosen model (see the module
-        docstring for the steps and their errors). `use`: the request task when it is not
-        `task` itself (heads.contract.REQUEST_TASKS: rerank, zero-shot, sparse-embedding)."""
-        if call is None:  # (an Inference is a Mapping: `or` would ask its length)
+        docstring for the steps and their errors), with `call` filled in as it goes. `use`: the
+        request task when it is not `task` itself (heads.contract.REQUEST_TASKS: rerank,
+        zero-shot, sparse-embedding)."""
+        if call is None:
             call = self.call()
         registry = self.registry
         registry.check_accepting()
         registry.admission.acquire()
         try:
             model = registry.select(use or task, name, call.where, allow_single_text)
-            call.chose(model, task or model.package.task, len(inputs))
+            call.model, call.task, call.inputs = model, task or model.package.task, len(inputs)
             self.check_sizes(inputs, field)
             job = call.job = make_job(model.package)
-            answer = model.batcher.enqueue(job, call.deadline, call.timing, call.alone)
-            return await call.wait(answer)
+            future = model.batcher.enqueue(job, call.deadline, call.timing, call.alone)
+            call.future, call.enqueued = future, time.perf_counter()
+            return await future
+        except asyncio.CancelledError:
+            if call.cancelled:  # its caller gave it up, not a cancelled task
+                raise ClientGone("the caller gave the call up (client disconnected)") from None
+            raise
         finally:
             registry.admission.release()
 

@@ -71,3 +71,11 @@ class BackendError(ServiceError):
 class DeadlineExceeded(ServiceError):
     status = 503
     error_type = "timeout"
+
+
+class ClientGone(ServiceError):
+    """The caller gave its call up (an HTTP client disconnected) before the answer was ready;
+    nobody reads this error, it is counted."""
+
+    status = 499  # nginx's "client closed request"
+    error_type = "client_gone"

@@ -33,13 +33,6 @@ _TYPE_BY_STATUS = {
 }
 
 
-class ClientGone(ServiceError):
-    """The client disconnected before its answer was ready; nobody reads this response."""
-
-    status = 499  # nginx's "client closed request"
-    error_type = "client_gone"
-
-
 def error_body(message: str, error_type: str) -> bytes:
     # ensure_ascii: a message quoting a lone surrogate from the request still encodes
     return json.dumps({"error": message, "error_type": error_type}, ensure_ascii=True).encode()
@@ -51,13 +44,8 @@ class ErrorResponse(JSONResponse):
 
 
 def error_response(
-    request: Request,
-    status: int,
-    message: str,
-    error_type: str,
-    headers: dict[str, str] | None = None,
+    status: int, message: str, error_type: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    request.state.error_type = error_type  # for the request metrics (InferencePath)
     body = {"error": message, "error_type": error_type}
     return ErrorResponse(body, status_code=status, headers=headers)
 
@@ -90,16 +78,17 @@ def describe_validation(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def error_for(exc: Exception, request: Request) -> tuple[int, str, str, dict[str, str] | None]:
+def error_for(exc: Exception, scope: Scope) -> tuple[int, str, str, dict[str, str] | None]:
     """(status, message, error_type, headers) for what a request raised: the one mapping from
-    exceptions to the error body, for the inference path and FastAPI's handlers alike."""
+    exceptions to the error body, for the inference fronts (service.lifecycle) and FastAPI's
+    handlers alike."""
     if isinstance(exc, ServiceError):
         return exc.status, exc.message, exc.error_type, exc.headers
     if isinstance(exc, InvalidInput):
         return 422, str(exc), "validation", None
     if isinstance(exc, RequestValidationError):
         return 422, describe_validation(list(exc.errors())), "validation", None
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    log.error("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
     return 500, "internal error (a bug: please report it)", "internal", None
 
 
@@ -125,7 +114,7 @@ def routing_message(request: Request, status: int, headers: dict[str, str] | Non
 
 def install_error_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(request, *error_for(exc, request))
+        return error_response(*error_for(exc, request.scope))
 
     for kind in (ServiceError, InvalidInput, RequestValidationError, Exception):
         app.add_exception_handler(kind, handle)
@@ -137,7 +126,7 @@ def install_error_handlers(app: FastAPI) -> None:
         message = str(exc.detail)
         if message in ("Not Found", "Method Not Allowed"):  # the router's own words
             message = routing_message(request, exc.status_code, headers) or message
-        return error_response(request, exc.status_code, message, error_type, headers)
+        return error_response(exc.status_code, message, error_type, headers)
 
 
 def error_type_of(status: int) -> str:
@@ -147,7 +136,6 @@ def error_type_of(status: int) -> str:
 
 async def reject_payload(scope: Scope, send: Send, limit: int) -> None:
     """The 413 for a body over `limit` bytes."""
-    scope.setdefault("state", {})["error_type"] = "payload_too_large"
     body = error_body(f"request body over payload_limit ({limit} bytes)", "payload_too_large")
     headers = [
         (b"content-type", b"application/json"),

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from itertools import accumulate
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -42,7 +42,10 @@ from starlette.types import Scope
 
 from service.job_queue import Timing
 
-__all__ = ["SERVICE_NAME", "Traced", "Tracing", "traces_url"]
+if TYPE_CHECKING:
+    from service.engine import Call
+
+__all__ = ["SERVICE_NAME", "Answered", "Tracing", "traces_url"]
 
 SERVICE_NAME = "bert-heads"
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for spans
@@ -52,12 +55,24 @@ _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 log = logging.getLogger(__name__)
 
 
-class Traced(Protocol):
-    """What an inference request keeps for its span (service.routes.inference)."""
+class Answered(Protocol):
+    """What an answered request's record holds for its spans (service.lifecycle.RequestRecord),
+    read once its answer has gone."""
 
-    timing: Timing
-    enqueued: float  # perf_counter() when its job was queued; 0.0 if it never was
-    inputs: int  # inputs in the request, once the engine took it
+    scope: Scope
+    route: str  # the path's template where it has parameters (/v2/models/{name}/infer)
+    status: int
+    error_type: str | None  # its error body's, if it has one
+    start: float  # perf_counter() at its arrival
+    built: float  # perf_counter() when its answer was built; 0.0 if none was
+
+    @property
+    def call(self) -> Call | None:
+        """Its call through the engine; None if it never became one (a body over the limit, a
+        client gone first)."""
+
+    def labels(self) -> tuple[str, str]:
+        """The (model, task) it is counted under."""
 
 
 def traces_url(endpoint: str) -> str:
@@ -77,46 +92,33 @@ class Tracing:
         self.tracer = self.provider.get_tracer("service")
         self.propagator = TraceContextTextMapPropagator()
 
-    def record(
-        self,
-        scope: Scope,
-        status: int,
-        start: float,
-        built: float,
-        run: Traced | None,
-        route: str | None = None,
-    ) -> None:
-        """The spans of one answered request: `start`, `built` are perf_counter() seconds
-        (arrival, answer built; 0.0 when none was); `run` is None when the request never
-        became one (a body over the limit, a client gone first); `route`: the path's template
-        where it has parameters (/v2/models/{name}/infer)."""
+    def record(self, answered: Answered) -> None:
+        """The spans of one answered request."""
         try:
-            self._record(scope, status, start, built, run, route or scope["path"])
+            self._record(answered)
         except Exception:  # the answer has gone: a bug here must not close its connection
-            log.exception("tracing: the spans of a request to %s are lost", scope["path"])
+            log.exception("tracing: the spans of a request to %s are lost", answered.scope["path"])
 
-    def _record(
-        self, scope: Scope, status: int, start: float, built: float, run: Traced | None, route: str
-    ) -> None:
+    def _record(self, answered: Answered) -> None:
         now = time.perf_counter()
         offset = time.time_ns() - int(now * 1e9)  # perf_counter seconds -> epoch ns
 
         def ns(t: float) -> int:
             return offset + int(t * 1e9)
 
-        state = scope.get("state", {})
+        scope, route, status = answered.scope, answered.route, answered.status
+        start, built, call = answered.start, answered.built, answered.call
         attributes: dict[str, AttributeValue] = {
             "http.request.method": scope["method"],
             "http.route": route,
             "url.path": scope["path"],
             "http.response.status_code": status,
         }
-        if "model" in state:
-            attributes["bert_heads.model"] = state["model"]
-            attributes["bert_heads.task"] = state["task"]
-        if run is not None and run.inputs:
-            attributes["bert_heads.inputs"] = run.inputs
-        error = state.get("error_type") or str(status)
+        if call is not None and call.model is not None:
+            attributes["bert_heads.model"], attributes["bert_heads.task"] = answered.labels()
+        if call is not None and call.inputs:
+            attributes["bert_heads.inputs"] = call.inputs
+        error = answered.error_type or str(status)
         if status >= 400:
             attributes["error.type"] = error
         span = self.tracer.start_span(
@@ -132,12 +134,12 @@ class Tracing:
             # Every error answer, a 4xx too (OpenTelemetry's HTTP conventions leave a server's
             # 4xx unset): here each is a request that got no answer, what traces are read for.
             span.set_status(Status(StatusCode.ERROR, error))
-        if run is not None and run.enqueued:
-            t = run.timing
+        if call is not None and call.enqueued:
+            t = call.timing
             # Anchored so that the stages end by the answer's build: they could add up to a
             # little more than enqueued -> built (this clock is read after the job's), and cut
             # at `built` an inference span would come out short.
-            queued = max(start, min(run.enqueued, built - t.queue - t.tokenization - t.inference))
+            queued = max(start, min(call.enqueued, built - t.queue - t.tokenization - t.inference))
             self._stages(span, t, queued, max(built, queued), ns)
         span.end(end_time=ns(now))
 

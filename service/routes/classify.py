@@ -6,26 +6,26 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classification"], route_class=InferenceRoute)
 
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERRORS)
-async def classify_texts(body: ClassifyRequest, run: Inference) -> Response:
+async def classify_texts(body: ClassifyRequest, request: InferenceRequest) -> Response:
     """One list of `{label, score}` per input (top_k of them; null = all labels). The Hugging
     Face form (`parameters`) gets a list of such lists also for one input, as
     InferenceClient.text_classification parses it."""
     single = isinstance(body.inputs, str) and body.parameters is None
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    labels = await run.engine.classify(
+    labels = await request.engine.classify(
         inputs,
         model=body.model,
         top_k=body.top_k,
         function_to_apply=body.function_to_apply,
         truncate=body.truncate,
         truncation_direction=body.truncation_direction,
-        call=run,
+        call=request.call,
     )
     return answer(labels, single)

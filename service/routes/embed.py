@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, as_list, json_response
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import (
     EmbedRequest,
     EmbedResponse,
@@ -25,10 +25,10 @@ router = APIRouter(tags=["embeddings"], route_class=InferenceRoute)
 
 
 @router.post("/embed", response_model=EmbedResponse, responses=ERRORS)
-async def embed_texts(body: EmbedRequest, run: Inference) -> Response:
+async def embed_texts(body: EmbedRequest, request: InferenceRequest) -> Response:
     """A list of vectors, one per input, also for a single string (as TEI answers)."""
     texts, _ = as_list(body.inputs)
-    vectors = await run.engine.embed(
+    vectors = await request.engine.embed(
         texts,
         model=body.model,
         normalize=body.normalize,
@@ -39,25 +39,26 @@ async def embed_texts(body: EmbedRequest, run: Inference) -> Response:
         prompt_name=body.prompt_name,
         truncation_direction=body.truncation_direction,
         dimensions=body.dimensions,
-        call=run,
+        call=request.call,
     )
     return json_response(vectors)  # (N, H) float32, written straight from numpy
 
 
 @router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, responses=ERRORS)
-async def openai_embeddings(body: OpenAIEmbeddingRequest, run: Inference) -> Response:
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: InferenceRequest) -> Response:
     """The OpenAI embeddings API; vectors use the package's normalisation, texts over the
     window are truncated (OpenAI refuses them; truncation is what TEI does here)."""
     texts, _ = as_list(body.input)
-    vectors = await run.engine.embed(
+    vectors = await request.engine.embed(
         texts,
         model=body.model,
         truncate=True,
         prompt_name=body.prompt_name,
         dimensions=body.dimensions,
-        call=run,
+        call=request.call,
     )
-    assert run.model is not None and run.job is not None  # the engine chose and ran them
+    call = request.call  # the engine chose its model and ran its job
+    assert call is not None and call.model is not None and call.job is not None
     base64_vectors = body.encoding_format == "base64"
     data = [
         {
@@ -69,25 +70,25 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, run: Inference) -> Res
         }
         for i, v in enumerate(vectors)
     ]
-    tokens = run.job.tokens  # type: ignore[attr-defined]  # an embed.Job's
+    tokens = call.job.tokens  # type: ignore[attr-defined]  # an embed.Job's
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return json_response({"object": "list", "data": data, "model": run.model.name, "usage": usage})
+    return json_response({"object": "list", "data": data, "model": call.model.name, "usage": usage})
 
 
 @router.post("/similarity", response_model=list[float], responses=ERRORS)
-async def similarity(body: SimilarityRequest, run: Inference) -> Response:
+async def similarity(body: SimilarityRequest, request: InferenceRequest) -> Response:
     """The cosine similarity of `source_sentence` to each of `sentences`, in their order (TEI's
     /similarity; huggingface_hub's InferenceClient.sentence_similarity)."""
     options = body.parameters or SimilarityParameters()
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    vectors = await run.engine.embed(
+    vectors = await request.engine.embed(
         texts,
         model=body.model,
         normalize=True,
         truncate=options.truncate,
         truncation_direction=options.truncation_direction,
         prompt_name=options.prompt_name,
-        call=run,
+        call=request.call,
     )
     # normalised, and the sum of a unit vector's squares is 1 only to float32's precision
     cosine = vectors[1:].astype(np.float64) @ vectors[0].astype(np.float64)

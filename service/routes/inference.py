@@ -1,14 +1,14 @@
-"""The one request path of the inference POSTs, kept cheap: FastAPI declares the routes (the
+"""The native front of the inference POSTs, kept cheap: FastAPI declares the routes (the
 OpenAPI schema and /docs come from each endpoint's signature, as for any route), but a request
 never enters FastAPI's per-request machinery.
 
 - `InferencePath`, in front of FastAPI's middleware stack (inside CORS when that is on: the
   same object either way), serves POSTs to these paths in one layer: the payload limit, the
-  request metrics, the body (validated with pydantic-core straight from the raw bytes,
-  `model_validate_json`), the API key, the endpoint, and the error body;
+  body (validated with pydantic-core straight from the raw bytes, `model_validate_json`), the
+  API key, the endpoint, and the answer or the error body, with the request's lifecycle (its
+  record: timing headers, metrics, span; service.lifecycle) as every front has it;
 - the endpoint calls the engine's task (service.engine: admission, model, limits, batcher) with
-  the `Inference` as its `Call`, which gives the job up if the client disconnects first and
-  records the model for the request metrics;
+  the request's engine `Call`, which the client's disconnect cancels (`DisconnectWatch`);
 - every other request (GET /models, /metrics, /docs, a wrong method) goes on to FastAPI.
 
 Why: with a near-null model on 2 cores, FastAPI's routing, dependency resolution and body
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -33,19 +32,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.engine import Call, Engine, KeepsSpanTimes
+from service.engine import Call, Engine
 from service.errors import NotReady, ServiceError
-from service.http import (
-    ClientGone,
-    describe_validation,
-    error_for,
-    error_response,
-    error_type_of,
-    reject_payload,
-)
-from service.job_queue import Timing
-from service.metrics import Metrics
-from service.registry import LoadedModel
+from service.http import describe_validation, error_for, error_response, reject_payload
+from service.lifecycle import RequestRecord
 from service.routes.deps import require_api_key
 from service.selection import root_task
 
@@ -54,7 +44,7 @@ if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which service.app loads o
 
 log = logging.getLogger(__name__)
 
-Endpoint = Callable[[Any, "Inference"], Awaitable[Response]]
+Endpoint = Callable[[Any, "InferenceRequest"], Awaitable[Response]]
 
 # A request still waiting for its answer WATCH_AFTER to 2 x WATCH_AFTER seconds after it was
 # queued gets a task that watches for the client's disconnect: a disconnect is then noticed
@@ -67,54 +57,54 @@ class DisconnectWatch:
     one timer per period for all of them. Why not one timer per request: most answers come
     back within a period, and each timer cost a heap push and a cancel on the event loop.
 
-    Two generations: requests queued since the last sweep (`young`), and those queued before
-    it (`old`); at each sweep the old ones still waiting get their watch, and the young
-    become old."""
+    Two generations: requests added since the last sweep (`young`), and those added before it
+    (`old`); at each sweep the old ones still waiting get their watch, and the young become
+    old. A request is added as its engine call starts, which queues its job before anything
+    awaits: from the sweeps' side, the moment it was queued."""
 
     def __init__(self) -> None:
-        self.young: dict[Inference, asyncio.Future[Any]] = {}
-        self.old: dict[Inference, asyncio.Future[Any]] = {}
+        self.young: dict[InferenceRequest, Call] = {}
+        self.old: dict[InferenceRequest, Call] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, run: Inference, future: asyncio.Future[Any]) -> None:
-        self.young[run] = future
-        if self._timer is None or self._loop is not run.loop:  # a test's loop may be new
-            self._loop = run.loop
-            self._timer = run.loop.call_later(WATCH_AFTER, self._sweep)
+    def add(self, request: InferenceRequest, call: Call) -> None:
+        self.young[request] = call
+        if self._timer is None or self._loop is not request.loop:  # a test's loop may be new
+            self._loop = request.loop
+            self._timer = request.loop.call_later(WATCH_AFTER, self._sweep)
 
-    def discard(self, run: Inference) -> None:
-        if self.young.pop(run, None) is None:
-            self.old.pop(run, None)
+    def discard(self, request: InferenceRequest) -> None:
+        if self.young.pop(request, None) is None:
+            self.old.pop(request, None)
 
     def _sweep(self) -> None:
-        for run, future in self.old.items():
-            run.watch(future)
+        for request, call in self.old.items():
+            request.watch(call)
         self.old, self.young = self.young, {}
         assert self._loop is not None
         self._timer = self._loop.call_later(WATCH_AFTER, self._sweep) if self.old else None
 
 
-class Inference(Request, Call):
-    """One inference request, and its `Call` through the engine. Endpoints take it as their
-    second argument (FastAPI sees a Request, so the OpenAPI schema holds only the body)."""
+class InferenceRequest(Request, RequestRecord):
+    """One inference POST: the HTTP request its endpoint takes as its second argument (FastAPI
+    sees a Request, so the OpenAPI schema holds only the body), and its lifecycle's record
+    (service.lifecycle), whose clock starts here. Its engine `call` is made once its body is
+    read (`start_call`); the endpoint passes it to the engine's task (`call=request.call`)."""
 
-    def __init__(self, scope: Scope, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive, engine: Engine) -> None:
         Request.__init__(self, scope, receive)
-        state = self.app.state
-        self.engine: Engine = state.engine
-        self.watches: DisconnectWatch = state.disconnect_watch
-        # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
-        self.loop = asyncio.get_running_loop()
-        deadline = self.loop.time() + self.engine.settings.request_timeout
-        Call.__init__(self, deadline, where=scope["path"])
-        self._gone = False  # the client disconnected
-        self._watch: asyncio.Task[None] | None = None
+        RequestRecord.__init__(self, scope, scope["path"])
+        self.engine = engine
+        self._watch: asyncio.Task[None] | None = None  # the disconnect watch, once started
 
-    def chose(self, model: LoadedModel, task: str, inputs: int) -> None:
-        self.model = model
-        state = self.scope.setdefault("state", {})
-        state["model"], state["task"] = model.name, task  # for the request metrics
+    def start_call(self) -> Call:
+        """Its call through the engine, with the default deadline from now."""
+        # Kept: asyncio.get_running_loop() makes a getpid() system call on every call.
+        self.loop = loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.engine.settings.request_timeout
+        self.call = call = Call(deadline, self.route)
+        return call
 
     def header(self, name: bytes) -> str | None:
         """One request header (lower-case name), without building the Headers mapping."""
@@ -123,46 +113,24 @@ class Inference(Request, Call):
                 return value.decode("latin-1")
         return None
 
-    async def wait(self, answer: asyncio.Future[Any]) -> Any:
-        """The answer. Raises ClientGone when the client disconnects first: the job's rows
-        still queued are then dropped before they cost compute."""
-        # Most answers come back before a watch would be worth its task: one starts only for
-        # a request still waiting at the next sweep but one.
-        watches = self.watches
-        watches.add(self, answer)
-        try:
-            return await answer
-        except asyncio.CancelledError:
-            if self._gone:
-                raise ClientGone("client disconnected") from None
-            raise
-        finally:
-            watches.discard(self)
-            if self._watch is not None:
-                self._watch.cancel()
+    def watch(self, call: Call) -> None:
+        """Start watching for the client's disconnect, which cancels `call` (the job's rows
+        still queued are then dropped before they cost compute)."""
+        future = call.future
+        if self._watch is None and future is not None and not future.done():
+            self._watch = self.loop.create_task(self._until_gone(call))
 
-    def watch(self, future: asyncio.Future[Any]) -> None:
-        """Start watching for the client's disconnect, which cancels `future`."""
-        if self._watch is None and not future.done():
-            self._watch = self.loop.create_task(self._until_gone(future))
-
-    async def _until_gone(self, future: asyncio.Future[Any]) -> None:
+    async def _until_gone(self, call: Call) -> None:
         # The body is read by now, so the next message the server has is the disconnect.
         while (await self.receive())["type"] != "http.disconnect":
             await asyncio.sleep(0.01)  # a server that keeps answering: do not spin
-        self._gone = True
-        future.cancel()  # the batcher drops what is still queued
-
-
-class TracedInference(KeepsSpanTimes, Inference):
-    """An `Inference` that also keeps what its spans need: the requests' class while tracing
-    is on."""
+        call.cancel()  # the batcher drops what is still queued; the engine raises ClientGone
 
 
 class InferenceRoute(APIRoute):
     """An inference route: FastAPI reads its signature for the OpenAPI schema, `endpoint(body,
-    run)` with the body model and an `Inference`; `InferencePath` serves it. The router never
-    does: InferencePath takes every POST to these paths before FastAPI sees it."""
+    request)` with the body model and an `InferenceRequest`; `InferencePath` serves it. The
+    router never does: InferencePath takes every POST to these paths before FastAPI sees it."""
 
     @property
     def body_model(self) -> type[BaseModel]:
@@ -175,24 +143,37 @@ class InferenceRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         path = self.path
 
-        async def unreachable(request: Request) -> Response:
+        async def bypassed_by_inference_path(request: Request) -> Response:
+            """The router's handler for this route: never called, since InferencePath serves
+            every POST to it first; reaching it is a bug."""
             raise RuntimeError(f"POST {path} reached the router: InferencePath serves it")
 
-        return unreachable
+        return bypassed_by_inference_path
 
 
 async def respond(
-    model: type[BaseModel], endpoint: Endpoint, run: Inference, raw: bytes, limit: int = 0
+    model: type[BaseModel],
+    endpoint: Endpoint,
+    request: InferenceRequest,
+    raw: bytes,
+    watches: DisconnectWatch,
+    limit: int = 0,
 ) -> Response:
-    """The endpoint's response, or the error body for what it (or the body `raw`) raised.
+    """The endpoint's response, or the error body for what it (or the body `raw`) raised; its
+    engine call is watched for the client's disconnect (`watches`) while it runs.
     limit: the most bytes a compressed body may expand to (0: the body's own size, x 64)."""
+    watches.add(request, request.start_call())
     try:
-        require_api_key(run)
-        raw = decompressed(raw, run.header(b"content-encoding"), limit or 64 * len(raw))
-        body = parse(model, raw, run.header(b"content-type"))
-        return await endpoint(body, run)
+        require_api_key(request)
+        raw = decompressed(raw, request.header(b"content-encoding"), limit or 64 * len(raw))
+        body = parse(model, raw, request.header(b"content-type"))
+        return await endpoint(body, request)
     except Exception as exc:
-        return error_response(run, *error_for(exc, run))
+        return error_response(*request.fail(exc))
+    finally:
+        watches.discard(request)
+        if request._watch is not None:
+            request._watch.cancel()
 
 
 class _BadBody(ServiceError):
@@ -334,9 +315,10 @@ def _invalid(exc: ValidationError) -> _BadBody:
 
 class InferencePath:
     """In front of FastAPI (`service.app.App.stack`), inside CORS when that is on. POSTs to the
-    inference paths are served here in one layer: the payload limit, the request metrics and
-    the route, past the router, with the answer written by two raw sends; then, with `tracing`
-    on (the app's lifespan sets it), the request's spans. Everything else goes on to FastAPI.
+    inference paths are served here in one layer: the payload limit and the route, past the
+    router, with the answer written by two raw sends, the request's record (service.lifecycle)
+    all along: its timing headers, then its metrics and, with `tracing` on (the app's lifespan
+    sets it), its spans. Everything else goes on to FastAPI.
 
     Why one layer: with a near-null model each ASGI layer (a closure around send, a replayed
     receive, a header dict) cost a few us of event-loop CPU per request, and the event loop is
@@ -345,10 +327,11 @@ class InferencePath:
     tracing: Tracing | None = None
 
     def __init__(
-        self, app: ASGIApp, routes: list[InferenceRoute], metrics: Metrics, limit: int
+        self, app: ASGIApp, routes: list[InferenceRoute], engine: Engine, limit: int
     ) -> None:
         self.app = app
-        self.metrics, self.limit = metrics, limit
+        self.engine, self.metrics, self.limit = engine, engine.metrics, limit
+        self.watches = DisconnectWatch()
         self.handlers = {
             route.path: (route.body_model, route.endpoint)
             for route in routes
@@ -358,50 +341,35 @@ class InferencePath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else None
         if path == "/" and scope["method"] == "POST":
-            request = Request(scope, receive)
             try:
-                require_api_key(request)  # before a message that names the models
+                require_api_key(Request(scope, receive))  # before a message that names the models
                 scope["path"] = ROOT_ROUTES[self.root_task(scope)]
             except ServiceError as exc:
-                await error_response(request, *error_for(exc, request))(scope, receive, send)
+                await error_response(*error_for(exc, scope))(scope, receive, send)
                 return
         handler = self.handlers.get(scope["path"]) if scope["type"] == "http" else None
         if handler is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
-        tracing = self.tracing  # None (off): not looked at again
-        start = time.perf_counter()
-        status = 500  # a request that ends without an answer (a bug) counts as one
-        run: Inference | None = None
-        built = 0.0  # when the answer was built
+        request = InferenceRequest(scope, receive, self.engine)  # its clock starts
         try:
             raw = await self._body(scope, receive)
             if raw is None:
-                status = 413
+                request.status, request.error_type = 413, "payload_too_large"
                 await reject_payload(scope, send, self.limit)
             elif raw is not _GONE:
-                run = (Inference if tracing is None else TracedInference)(scope, receive)
-                response = await respond(*handler, run, raw, self.limit)
-                status = response.status_code
-                built = time.perf_counter()
+                response = await respond(*handler, request, raw, self.watches, self.limit)
+                timing = request.answer_built(response.status_code)
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": status,
-                        "headers": response.raw_headers + timing_headers(run.timing, built - start),
+                        "status": response.status_code,
+                        "headers": response.raw_headers + timing,
                     }
                 )
                 await send({"type": "http.response.body", "body": response.body})
         finally:
-            model, task = state.get("model", ""), state.get("task", "")
-            path = scope["path"]
-            self.metrics.answered(model, task, path, status, time.perf_counter() - start)
-            if status >= 400:
-                reason = state.get("error_type") or error_type_of(status)
-                self.metrics.failures.labels(model, task, reason).inc()
-            if tracing is not None:
-                tracing.record(scope, status, start, built, run)
+            request.finish(self.metrics, self.tracing)
 
     @staticmethod
     def root_task(scope: Scope) -> str:
@@ -443,16 +411,3 @@ ROOT_ROUTES = {
     "sparse-embedding": "/embed_sparse",
     "fill-mask": "/fill-mask",
 }
-
-
-def timing_headers(timing: Timing, total: float) -> list[tuple[bytes, bytes]]:
-    """Where the request's time went (`total`: seconds from its arrival to its built answer),
-    in milliseconds, as text-embeddings-inference names the headers (it sends whole
-    milliseconds; these keep three decimals: a small request here takes 2-4 ms in all). Stages
-    the request never reached (a refused body) read 0."""
-    return [
-        (b"x-total-time", b"%.3f" % (total * 1000)),
-        (b"x-tokenization-time", b"%.3f" % (timing.tokenization * 1000)),
-        (b"x-queue-time", b"%.3f" % (timing.queue * 1000)),
-        (b"x-inference-time", b"%.3f" % (timing.inference * 1000)),
-    ]

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer, as_list, json_response
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import Filler, FillMaskRequest, SparseEmbedRequest, SparseValue
 
 router = APIRouter(tags=["masked LM"], route_class=InferenceRoute)
@@ -17,27 +17,27 @@ FillMaskAnswer = list[Filler] | list[list[Filler]]
 
 
 @router.post("/fill-mask", response_model=FillMaskAnswer | list[FillMaskAnswer], responses=ERRORS)
-async def fill_mask(body: FillMaskRequest, run: Inference) -> Response:
+async def fill_mask(body: FillMaskRequest, request: InferenceRequest) -> Response:
     """Per input the top_k fillers of its mask (a list of lists with several masks); one
     input's answer alone for a single string, as the pipeline answers."""
     texts, single = as_list(body.inputs)
-    answers: list[Any] = await run.engine.fill_mask(
-        texts, model=body.model, top_k=body.top_k, targets=body.targets, call=run
+    answers: list[Any] = await request.engine.fill_mask(
+        texts, model=body.model, top_k=body.top_k, targets=body.targets, call=request.call
     )
     return answer(answers, single)
 
 
 @router.post("/embed_sparse", response_model=list[list[SparseValue]], responses=ERRORS)
-async def embed_sparse(body: SparseEmbedRequest, run: Inference) -> Response:
+async def embed_sparse(body: SparseEmbedRequest, request: InferenceRequest) -> Response:
     """Per input its non-zero vocabulary weights, by index (a list also for one string)."""
     texts, _ = as_list(body.inputs)
-    entries = await run.engine.embed_sparse(
+    entries = await request.engine.embed_sparse(
         texts,
         model=body.model,
         truncate=body.truncate,
         return_tokens=body.return_tokens,
         prompt_name=body.prompt_name,
         truncation_direction=body.truncation_direction,
-        call=run,
+        call=request.call,
     )
     return json_response(entries)

@@ -6,23 +6,23 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer, as_list
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["token classification"], route_class=InferenceRoute)
 
 
 @router.post("/ner", response_model=NerResponse, responses=ERRORS)
-async def recognize_entities(body: NerRequest, run: Inference) -> Response:
+async def recognize_entities(body: NerRequest, request: InferenceRequest) -> Response:
     """Per input a list of `{entity_group, score, word, start, end}` (`word` is
     `text[start:end]`); aggregation_strategy "none" gives one entry per token."""
     texts, single = as_list(body.inputs)
-    entities = await run.engine.ner(
+    entities = await request.engine.ner(
         texts,
         model=body.model,
         aggregation_strategy=body.aggregation_strategy,
         ignore_labels=body.ignore_labels,
         stride=body.stride,
-        call=run,
+        call=request.call,
     )
     return answer(entities, single)

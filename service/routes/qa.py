@@ -7,14 +7,14 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import QaRequest, QaResponse
 
 router = APIRouter(tags=["question answering"], route_class=InferenceRoute)
 
 
 @router.post("/qa", response_model=QaResponse, responses=ERRORS)
-async def answer_questions(body: QaRequest, run: Inference) -> Response:
+async def answer_questions(body: QaRequest, request: InferenceRequest) -> Response:
     """`{answer, score, start, end}` per input (a list of top_k of them when top_k > 1;
     null when the context has no valid span)."""
     if body.inputs is None:
@@ -22,7 +22,7 @@ async def answer_questions(body: QaRequest, run: Inference) -> Response:
         pairs, single = [(body.question, body.context)], True
     else:
         pairs, single = [(item.question, item.context) for item in body.inputs], False
-    spans = await run.engine.qa(
+    spans = await request.engine.qa(
         pairs,
         model=body.model,
         top_k=body.top_k,
@@ -30,6 +30,6 @@ async def answer_questions(body: QaRequest, run: Inference) -> Response:
         max_seq_len=body.max_seq_len,
         doc_stride=body.doc_stride,
         handle_impossible_answer=body.handle_impossible_answer,
-        call=run,
+        call=request.call,
     )
     return answer(spans, single)

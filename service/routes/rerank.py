@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, json_response
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import (
     CohereRerankRequest,
     CohereRerankResponse,
@@ -25,9 +25,9 @@ router = APIRouter(tags=["reranking"], route_class=InferenceRoute)
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS)
-async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
+async def rerank_texts(body: RerankRequest, request: InferenceRequest) -> Response:
     """Every document's `{index, score}`, best first (`text` with return_text)."""
-    ranked = await run.engine.rerank(
+    ranked = await request.engine.rerank(
         body.query,
         body.texts,
         model=body.model,
@@ -35,7 +35,7 @@ async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
         truncate=body.truncate,
         truncation_direction=body.truncation_direction,
         allow_single_text=body.allow_single_text,
-        call=run,
+        call=request.call,
     )
     if body.return_text:
         ranked = [{**r, "text": body.texts[r["index"]]} for r in ranked]
@@ -43,19 +43,20 @@ async def rerank_texts(body: RerankRequest, run: Inference) -> Response:
 
 
 @router.post("/v1/rerank", response_model=OpenRerankResponse, responses=ERRORS)
-async def open_rerank(body: OpenRerankRequest, run: Inference) -> Response:
+async def open_rerank(body: OpenRerankRequest, request: InferenceRequest) -> Response:
     """The best top_n documents as `{index, relevance_score}` (`document` with
     return_documents), with the model and the tokens read."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    ranked = await run.engine.rerank(
+    ranked = await request.engine.rerank(
         body.query,
         texts,
         model=body.model,
         top_n=body.top_n,
         allow_single_text=body.allow_single_text,
-        call=run,
+        call=request.call,
     )
-    assert run.model is not None and run.job is not None  # the engine chose and ran them
+    call = request.call  # the engine chose its model and ran its job
+    assert call is not None and call.model is not None and call.job is not None
     results = []
     for r in ranked:
         item = {"index": r["index"], "relevance_score": r["score"]}
@@ -64,28 +65,29 @@ async def open_rerank(body: OpenRerankRequest, run: Inference) -> Response:
         if "window" in r:
             item["window"] = r["window"]
         results.append(item)
-    usage = {"total_tokens": run.job.tokens}  # type: ignore[attr-defined]  # a rerank.Job's
-    return json_response({"results": results, "model": run.model.name, "usage": usage})
+    usage = {"total_tokens": call.job.tokens}  # type: ignore[attr-defined]  # a rerank.Job's
+    return json_response({"results": results, "model": call.model.name, "usage": usage})
 
 
 @router.post("/v2/rerank", response_model=CohereRerankResponse, responses=ERRORS)
-async def cohere_rerank(body: CohereRerankRequest, run: Inference) -> Response:
+async def cohere_rerank(body: CohereRerankRequest, request: InferenceRequest) -> Response:
     """Cohere's v2 rerank (ClientV2.rerank): the best top_n documents as `{index,
     relevance_score}`, each document read up to max_tokens_per_doc tokens."""
-    ranked = await run.engine.rerank(
+    ranked = await request.engine.rerank(
         body.query,
         body.documents,
         model=body.model,
         top_n=body.top_n,
         max_tokens_per_doc=body.max_tokens_per_doc,
         allow_single_text=body.allow_single_text,
-        call=run,
+        call=request.call,
     )
-    assert run.job is not None  # the engine ran it
+    call = request.call
+    assert call is not None and call.job is not None  # the engine ran it
     results = [{"index": r["index"], "relevance_score": r["score"]} for r in ranked]
     meta = {
         "api_version": {"version": "2"},
         "billed_units": {"search_units": 1},
-        "tokens": {"input_tokens": run.job.tokens},  # type: ignore[attr-defined]  # a rerank.Job's
+        "tokens": {"input_tokens": call.job.tokens},  # type: ignore[attr-defined]  # a rerank.Job's
     }
     return json_response({"id": str(uuid.uuid4()), "results": results, "meta": meta})

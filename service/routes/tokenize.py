@@ -6,35 +6,35 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, as_list, json_response
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import DecodeRequest, SimpleToken, TokenizeRequest
 
 router = APIRouter(tags=["tokenization"], route_class=InferenceRoute)
 
 
 @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS)
-async def tokenize_texts(body: TokenizeRequest, run: Inference) -> Response:
+async def tokenize_texts(body: TokenizeRequest, request: InferenceRequest) -> Response:
     """Per input its tokens, with character offsets into it; nothing is truncated (a list of
     lists also for a single string, as TEI answers)."""
     texts, _ = as_list(body.inputs)
-    tokens = await run.engine.tokenize(
+    tokens = await request.engine.tokenize(
         texts,
         model=body.model,
         add_special_tokens=body.add_special_tokens,
         prompt_name=body.prompt_name,
-        call=run,
+        call=request.call,
     )
     return json_response(tokens)
 
 
 @router.post("/decode", response_model=list[str], responses=ERRORS)
-async def decode_ids(body: DecodeRequest, run: Inference) -> Response:
+async def decode_ids(body: DecodeRequest, request: InferenceRequest) -> Response:
     """Per id list its text (a list also for one id list, as TEI answers)."""
     ids = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
-    texts = await run.engine.decode(
+    texts = await request.engine.decode(
         ids,  # type: ignore[arg-type]
         model=body.model,
         skip_special_tokens=body.skip_special_tokens,
-        call=run,
+        call=request.call,
     )
     return json_response(texts)

@@ -25,7 +25,6 @@ UTF-8: a 400 that says so) and its errors are counted in the same metrics.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -38,10 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from heads.package import ModelPackage
 from service.engine import Call, Engine
 from service.errors import ServiceError
-from service.http import describe_validation, error_for, error_type_of
+from service.http import describe_validation, error_type_of
+from service.lifecycle import RequestRecord
 from service.registry import Entry, LoadedModel, Registry
 from service.routes.deps import ApiKey, require_api_key
-from service.routes.inference import parse, timing_headers
+from service.routes.inference import parse
 from service.schemas import (
     QA_TEXT,
     ClassifyRequest,
@@ -117,10 +117,18 @@ def _inline(schema: dict[str, Any]) -> dict[str, Any]:
     return walk(schema)
 
 
-class V2Error(Exception):
+class V2Error(ServiceError):
+    """An error the protocol names by its status alone; its error_type, what the failure
+    metrics count it as, is the native routes' name for that status."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status = status
+        self.error_type = V2_ERROR_TYPES.get(status) or error_type_of(status)
+
+
+# The error_type of a V2Error (the native routes' names)
+V2_ERROR_TYPES = {400: "bad_request", 404: "model_not_found", 503: "not_ready"}
 
 
 # -- the mapping: one Task per package kind ----------------------------------------------------
@@ -129,9 +137,9 @@ Tensors = dict[str, tuple[str, list[int], list[Any]]]  # name -> (datatype, shap
 
 
 class Task:
-    """How one kind of package speaks v2: its tensors, and its run through the engine. The
-    request's `parameters` are checked by the native route's schema (the same names, types and
-    limits), as the `body` `run` gets."""
+    """How one kind of package speaks v2: its tensors, and its inference through the engine.
+    The request's `parameters` are checked by the native route's schema (the same names, types
+    and limits), as the `body` `infer` gets."""
 
     inputs: dict[str, bool]  # input name -> required
     outputs: dict[str, str]  # output name -> datatype
@@ -145,7 +153,7 @@ class Task:
         """The native body's inputs for these tensors."""
         return {"inputs": texts["text"]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
+    async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         raise NotImplementedError
 
 
@@ -168,7 +176,7 @@ class Classify(Task):
             return {"inputs": texts["text"]}
         return {"inputs": [[a, b] for a, b in zip(texts["text"], pairs, strict=True)]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
+    async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         inputs = [tuple(x) if isinstance(x, list) else x for x in body.inputs]
         ranked = await engine.classify(
             inputs, model=model.name, top_k=None, function_to_apply=body.function_to_apply,
@@ -198,7 +206,7 @@ class Qa(Task):
         pairs = zip(texts["question"], texts["context"], strict=True)
         return {"inputs": [{"question": q, "context": c} for q, c in pairs]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
+    async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         spans = await engine.qa(
             [(x.question, x.context) for x in body.inputs], model=model.name,
             max_answer_len=body.max_answer_len, max_seq_len=body.max_seq_len,
@@ -224,7 +232,7 @@ class Embed(Task):
     def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
         return {"embedding": [-1, -1]}
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
+    async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         found = await engine.embed(
             body.inputs, model=model.name, normalize=body.normalize, truncate=body.truncate,
             truncation_direction=body.truncation_direction, prompt_name=body.prompt_name,
@@ -246,7 +254,7 @@ class JsonPerText(Task):
         self.output, self.method = output, method
         self.outputs, self.parameters, self.schema = {output: "BYTES"}, parameters, schema
 
-    async def run(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
+    async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         options = {p: getattr(body, p) for p in self.parameters}
         found = await getattr(engine, self.method)(
             body.inputs, model=model.name, call=call, **options
@@ -403,61 +411,59 @@ BINARY_UNSUPPORTED = (
 
 
 async def _infer(request: Request, name: str, version: str | None = None) -> JSONResponse:
+    """The protocol's body and answer (`_answer`) in the lifecycle every inference request has
+    (service.lifecycle): the native routes' timing headers, metrics (the model label: a
+    registered model's name only) and spans, named after the route's template."""
     engine: Engine = request.app.state.engine
-    registry: Registry = request.app.state.registry
-    tracing = request.app.state.tracing  # None (off): not looked at again
-    start, status, task_name, built = time.perf_counter(), 500, "", 0.0
-    model_name, reason = "", "internal"  # the metrics' labels: a loaded model's name only
-    where = f"/v2/models/{name}/infer"
-    call = engine.call(where, traced=tracing is not None)
+    record = RequestRecord(request.scope, ROUTE)
+    call = record.call = engine.call(f"/v2/models/{name}/infer")
     try:
-        require_api_key(request)
-        entry = _entry(registry, name, version)
-        model_name, task_name = entry.name, entry.task or ""
-        if "inference-header-content-length" in request.headers:  # JSON, then binary tensors
-            raise V2Error(400, BINARY_UNSUPPORTED)
-        body = _parse(await request.body())
-        model = registry.select(None, name, where)
-        task = task_of(model.package)
-        native = _native(task, _texts(body, task), body.parameters, model.package.task)
-        outputs = await task.run(engine, model, native, call)
-        wanted = [o.name for o in body.outputs] if body.outputs else list(outputs)
-        if unknown := [w for w in wanted if w not in outputs]:
-            raise V2Error(400, f"no output {unknown[0]!r}; this model has {list(outputs)}")
-        answer: dict[str, Any] = {"model_name": name, "model_version": model.version}
-        if body.id is not None:
-            answer["id"] = body.id
-        answer["outputs"] = [
-            {"name": w, "datatype": outputs[w][0], "shape": outputs[w][1], "data": outputs[w][2]}
-            for w in wanted
-        ]
-        status = 200
-        response = JSONResponse(answer)
-    except V2Error as e:
-        status, reason = e.status, V2_ERROR_TYPES.get(e.status) or error_type_of(e.status)
-        response = _error(e.status, e.message)
-    except Exception as exc:  # the native routes' mapping: 4xx for what the caller can fix
-        status, message, reason, headers = error_for(exc, request)
-        response = _error(status, message)
-        response.headers.update(headers or {})
+        try:
+            response = await _answer(request, engine, call, record, name, version)
+        except Exception as exc:  # the native routes' mapping: 4xx for what the caller can fix
+            status, message, _, headers = record.fail(exc)
+            response = _error(status, message)
+            if headers:
+                response.headers.update(headers)
+        response.raw_headers.extend(record.answer_built(response.status_code))
     finally:
-        seconds = time.perf_counter() - start
-        registry.metrics.answered(model_name, task_name, ROUTE, status, seconds)
-        if status >= 400:  # as the native routes count theirs (service.routes.inference)
-            registry.metrics.failures.labels(model_name, task_name, reason).inc()
-    built = time.perf_counter()
-    # the native routes' x-*-time headers, and their spans (named after the route template)
-    response.raw_headers.extend(timing_headers(call.timing, built - start))
-    if tracing is not None:
-        state = request.scope.setdefault("state", {})
-        if call.model is not None:
-            state["model"], state["task"] = call.model.name, task_name
-        tracing.record(request.scope, status, start, built, call, route=ROUTE)
+        record.finish(engine.metrics, request.app.state.tracing)
     return response
 
 
-# The error_type a V2Error counts as in bert_heads_request_failures (the native routes' names)
-V2_ERROR_TYPES = {400: "bad_request", 404: "model_not_found", 503: "not_ready"}
+async def _answer(
+    request: Request,
+    engine: Engine,
+    call: Call,
+    record: RequestRecord,
+    name: str,
+    version: str | None,
+) -> JSONResponse:
+    """The answer to an infer request: its body read as the protocol says, the model's task
+    through the engine with `call`, its outputs as tensors. The model it names is the one
+    `record` counts the request under."""
+    registry = engine.registry
+    require_api_key(request)
+    entry = _entry(registry, name, version)
+    record.counted_as = entry.name, entry.task or ""
+    if "inference-header-content-length" in request.headers:  # JSON, then binary tensors
+        raise V2Error(400, BINARY_UNSUPPORTED)
+    body = _parse(await request.body())
+    model = registry.select(None, name, call.where)
+    task = task_of(model.package)
+    native = _native(task, _texts(body, task), body.parameters, model.package.task)
+    outputs = await task.infer(engine, model, native, call)
+    wanted = [o.name for o in body.outputs] if body.outputs else list(outputs)
+    if unknown := [w for w in wanted if w not in outputs]:
+        raise V2Error(400, f"no output {unknown[0]!r}; this model has {list(outputs)}")
+    answer: dict[str, Any] = {"model_name": name, "model_version": model.version}
+    if body.id is not None:
+        answer["id"] = body.id
+    answer["outputs"] = [
+        {"name": w, "datatype": outputs[w][0], "shape": outputs[w][1], "data": outputs[w][2]}
+        for w in wanted
+    ]
+    return JSONResponse(answer)
 
 
 def _parse(raw: bytes) -> InferRequest:

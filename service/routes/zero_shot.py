@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from service.routes.answers import ERRORS, answer, as_list
-from service.routes.inference import Inference, InferenceRoute
+from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import LabelScore, ZeroShotAnswer, ZeroShotRequest
 
 router = APIRouter(tags=["classification"], route_class=InferenceRoute)
@@ -21,7 +21,7 @@ router = APIRouter(tags=["classification"], route_class=InferenceRoute)
     | list[list[LabelScore]],
     responses=ERRORS,
 )
-async def zero_shot(body: ZeroShotRequest, run: Inference) -> Response:
+async def zero_shot(body: ZeroShotRequest, request: InferenceRequest) -> Response:
     """Per input `{sequence, labels, scores}`, best first (one object for a single string, as
     the pipeline answers). The Hugging Face form (`parameters`) gets per input a list of
     `{label, score}`, as InferenceClient.zero_shot_classification parses it."""
@@ -29,14 +29,14 @@ async def zero_shot(body: ZeroShotRequest, run: Inference) -> Response:
     labels = body.candidate_labels
     if isinstance(labels, str):  # the pipeline's comma-separated form
         labels = [label.strip() for label in labels.split(",") if label.strip()]
-    answers = await run.engine.zero_shot(
+    answers = await request.engine.zero_shot(
         texts,
         labels,
         model=body.model,
         hypothesis_template=body.hypothesis_template,
         multi_label=body.multi_label,
         allow_single_text=body.allow_single_text,
-        call=run,
+        call=request.call,
     )
     if body.parameters is not None:
         return answer(
