@@ -104,8 +104,8 @@ models-tasks: install-dev  ## also build the task demos: a reranker and an NLI m
 	$(BIN)/python -m demo.models --out $(MODELS) --tasks
 
 # Ctrl-C drains the service, which exits 0; make gets the terminal's SIGINT too and dies of it
-# (status 130), as any interrupted make does. A SIGTERM to the service's process: both exit 0
-# (README, "Two commands"; tests/test_serve_signals.py).
+# (status 130; now and then 0, see tests/test_serve_signals.py), as any interrupted make does. A
+# SIGTERM to the service's process: both exit 0 (docs/quickstart.md).
 serve: install-dev models  ## install, build the default models if missing, serve on 127.0.0.1:8080
 	@echo "[serve] starting on 127.0.0.1:$(PORT) (ready when /ready answers 200; Ctrl-C stops it)"
 	$(BIN)/python -m service --model-dir $(MODELS) --port $(PORT)
