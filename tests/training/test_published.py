@@ -162,6 +162,9 @@ def test_make_fixtures_writes_what_is_committed() -> None:
 
 
 def test_no_fixture_names_a_path_on_a_machine() -> None:
+    # where this checkout, the user's home and temporary files live, as they are here
+    above = Path(make_fixtures.HERE).resolve().parents[2]  # the folder holding the checkout
+    places = {f"{above}/", f"{Path.home()}/", "/tmp/"}
     for path in Path(make_fixtures.HERE).rglob("*.json"):
         text = path.read_text(encoding="utf-8")
-        assert "/home/" not in text and "/work/" not in text and "/root/" not in text, path
+        assert not [p for p in places if p in text], path

@@ -19,26 +19,11 @@ import pytest
 
 from service.batch.output import ERRORS, SUCCESS
 from tests.conftest import REPO
+from tests.service.batch.test_run import WORDS
 
 pytestmark = pytest.mark.slow  # three runs of the command: ~30 s on 2 busy cores
 
 ROWS, PART_ROWS = 6_000, 150  # 40 parts
-WORDS = [
-    "the",
-    "film",
-    "was",
-    "good",
-    "john",
-    "lives",
-    "in",
-    "paris",
-    "and",
-    "mary",
-    "in",
-    "rome",
-    "terrible",
-    "wonderful",
-]
 
 
 def command(models: Path, source: Path, out: Path) -> list[str]:
