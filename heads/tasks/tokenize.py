@@ -1,8 +1,9 @@
 """What the model would read: texts -> tokens, and token ids -> text (TEI's /tokenize and
 /decode), with any package's own tokenizer and row template.
 
-    tokens = tokenize(tokenizer, ["a cat sits"], add_special_tokens=True)
-    # [[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}, ...]]
+    job = TokenizeJob(["a cat sits"], add_special_tokens=True, prompt="")
+    job.rows(tokenizer, tokenizer.encode_batch(job.texts, add_special_tokens=False))
+    job.answer([])  # [[{"id": 101, "text": "[CLS]", "special": True, "start": None, ...}, ...]]
     texts = decode(tokenizer, [[101, 1037, 4937, 102]], skip_special_tokens=True)
 
 A token's `text` is the slice of the input it covers (`input[start:stop]`, character offsets:
@@ -21,7 +22,7 @@ from tokenizers import Encoding, Tokenizer
 from heads.rows import InvalidInput, ModelRow, Outputs, template
 from heads.tasks import one_by_one
 
-__all__ = ["DecodeJob", "TokenizeJob", "decode", "tokenize"]
+__all__ = ["DecodeJob", "TokenizeJob", "decode", "tokens_of"]
 
 
 def _token(tokenizer: Tokenizer, token_id: int) -> dict[str, Any]:
@@ -45,19 +46,7 @@ def tokens_of(
     return prefix + body + [_token(tokenizer, int(i)) for i in parts.suffix]
 
 
-def tokenize(
-    tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool = True
-) -> list[list[dict[str, Any]]]:
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    return [
-        tokens_of(tokenizer, t, e, add_special_tokens)
-        for t, e in zip(texts, encodings, strict=True)
-    ]
-
-
-def decode(
-    tokenizer: Tokenizer, ids: list[list[int]], skip_special_tokens: bool = True
-) -> list[str]:
+def decode(tokenizer: Tokenizer, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
     """Each id list back to text; an id outside the vocabulary is an InvalidInput naming it."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     for i, row in enumerate(ids):
@@ -77,9 +66,7 @@ class TokenizeJob:
 
     truncated = windowed = 0
 
-    def __init__(
-        self, texts: list[str], *, add_special_tokens: bool = True, prompt: str = ""
-    ) -> None:
+    def __init__(self, texts: list[str], *, add_special_tokens: bool, prompt: str) -> None:
         self.texts = [prompt + t for t in texts] if prompt else list(texts)
         self.add_special_tokens = add_special_tokens
         self.result: list[list[dict[str, Any]]] = []
@@ -105,7 +92,7 @@ class DecodeJob:
     texts: list[str] = []  # nothing to encode
     truncated = windowed = 0
 
-    def __init__(self, ids: list[list[int]], *, skip_special_tokens: bool = True) -> None:
+    def __init__(self, ids: list[list[int]], *, skip_special_tokens: bool) -> None:
         self.ids, self.skip_special_tokens = ids, skip_special_tokens
         self.result: list[str] = []
 

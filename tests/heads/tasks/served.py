@@ -31,7 +31,8 @@ def run_job(package: ModelPackage | Path, job: Any) -> Any:
     package = package if isinstance(package, ModelPackage) else read_package(Path(package))
     tokenizer = load_package_tokenizer(package.tokenizer_path)
     encodings = tokenizer.encode_batch(job.texts, add_special_tokens=False)
-    outputs = run_rows(package, job.rows(tokenizer, encodings))
+    rows = job.rows(tokenizer, encodings)
+    outputs = run_rows(package, rows) if rows else []  # no rows: the model does not run
     return type(job).answer_many([job], [outputs])[0]
 
 
