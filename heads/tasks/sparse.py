@@ -1,7 +1,7 @@
 """Sparse embeddings (SPLADE): texts -> vocabulary-wide weights, answered as their non-zero
 entries.
 
-    encoded = preprocess(tokenizer, ["a cat sits"], 256)
+    encoded = embed.preprocess(tokenizer, ["a cat sits"], 256)  # the rows are embed's
     # the batcher runs encoded.sequences; stack each row's `embeddings` (V,) into (N, V)
     [entries] = postprocess(vectors)      # [{"index": 1037, "value": 0.82}, ...], by index
 
@@ -22,20 +22,12 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
-from heads.rows import EncodedTexts, InvalidInput, ModelRow, Outputs
+from heads.rows import InvalidInput, ModelRow, Outputs
 from heads.tasks import embed
 
-__all__ = ["Job", "postprocess", "preprocess"]
+__all__ = ["Job", "postprocess"]
 
 Entry = dict[str, int | float | str]
-
-
-def preprocess(
-    tokenizer: Tokenizer, texts: list[str], max_seq_length: int, truncate: bool = True
-) -> EncodedTexts:
-    """One row `[CLS] text [SEP]` per text, as embed's: too long -> truncated (counted) or,
-    with `truncate=False`, an InvalidInput."""
-    return embed.preprocess(tokenizer, texts, max_seq_length, truncate)
 
 
 def postprocess(vectors: np.ndarray, tokenizer: Tokenizer | None = None) -> list[list[Entry]]:

@@ -52,6 +52,9 @@ def test_postprocess_keeps_the_non_zero_entries_by_index() -> None:
     assert [e["token"] for e in named] == [tokenizer.id_to_token(1), tokenizer.id_to_token(3)]
     with pytest.raises(ValueError, match="must be \\(N, V\\)"):
         sparse.postprocess(vectors[0])
+    # the values are float32's, whatever the graph's output type
+    [[entry]] = sparse.postprocess(np.array([[0.0, 0.1]]))
+    assert entry["value"] == float(np.float32(0.1)) != 0.1
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
@@ -87,13 +90,24 @@ def test_several_jobs_answer_as_each_alone() -> None:
     together = sparse.Job.answer_many(jobs, outputs)
     assert together == [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]
     assert "token" in together[0][0][0] and "token" not in together[1][0][0]
+    # a third job: its rows start after both others' (each job's rows found by offset)
+    third = sparse.Job(pkg, ["film", "a cat"], prompt="query: ")
+    assert third.texts == ["query: film", "query: a cat"]
+    third.rows(tokenizer, tokenizer.encode_batch(third.texts, add_special_tokens=False))
+    vectors = np.maximum(rng.normal(size=(2, 40)), 0).astype(np.float32)
+    outputs.append([{"embeddings": v} for v in vectors])
+    jobs.append(third)
+    assert sparse.Job.answer_many(jobs, outputs)[2] == third.answer(outputs[2])
     assert jobs[0].tokens == sum(len(tokenizer.encode(t).ids) for t in TEXTS[:2])
 
 
 def test_a_dense_package_and_bad_inputs_are_refused() -> None:
     pkg = package("bert")
-    with pytest.raises(InvalidInput, match="answers dense embeddings \\(pooling mean\\)"):
+    with pytest.raises(InvalidInput) as dense:
         sparse.Job(dataclasses.replace(pkg, pooling="mean"), TEXTS)
+    assert str(dense.value) == (
+        f"model {pkg.name!r} answers dense embeddings (pooling mean), not sparse ones"
+    )
     with pytest.raises(InvalidInput, match=r"inputs\[1\]: expected a string"):
         sparse.Job(pkg, ["a", 3])  # type: ignore[list-item]
     long_text = "the cat sat on the mat " * 40
