@@ -46,6 +46,19 @@ def test_the_prompt_goes_first_as_the_model_would_read_it(family: str, special: 
         assert "".join(t["text"] for t in tokens if not t["special"]).startswith("query")
 
 
+def test_special_tokens_are_named_and_have_no_offsets():
+    hf = reference("bert")
+    job = TokenizeJob(["a cat"], add_special_tokens=True, prompt="")
+    [tokens] = run_job(family_package("bert", "classification"), job)
+    ends = [tokens[0], tokens[-1]]
+    assert ends == [
+        {"id": i, "text": hf.convert_ids_to_tokens(i), "special": True, "start": None, "stop": None}
+        for i in (hf.cls_token_id, hf.sep_token_id)
+    ]
+    assert tokens[1] == {"id": hf("a", add_special_tokens=False)["input_ids"][0], "text": "a",
+                         "special": False, "start": 0, "stop": 1}  # fmt: skip
+
+
 def test_without_a_prompt_the_texts_are_read_as_given():
     job = TokenizeJob(["a cat"], add_special_tokens=False, prompt="")
     assert job.texts == ["a cat"]
@@ -96,6 +109,9 @@ def test_an_id_outside_the_vocabulary_is_named_where_it_is():
         decode(tok, [[1, 2], [3, -4, size]], skip_special_tokens=True)
     assert str(several.value).startswith("ids[1][1] is -4, outside")
     assert decode(tok, [[size - 1]], skip_special_tokens=False) == [tok.decode([size - 1])]
+    assert decode(tok, [[0, 1]], skip_special_tokens=False) == [
+        tok.decode([0, 1], skip_special_tokens=False)
+    ]
 
 
 def test_an_added_token_is_inside_the_vocabulary():
