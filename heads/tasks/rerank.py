@@ -58,7 +58,6 @@ def scores(logits: np.ndarray, raw: bool) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class _Window:
-    document: int  # index into the request's documents
     start: int  # character offsets of the window's tokens in the document
     end: int
 
@@ -126,7 +125,7 @@ class Job:
             raise InvalidInput(f"stride must be below {room}, the document tokens per window")
         sequences: list[ModelRow] = []
         self.spans, self.bounds = [], [0]
-        for i, d in enumerate(docs):
+        for d in docs:
             spans = windows(len(d.ids), room, stride)
             self.windowed += len(spans) > 1
             for start, stop in spans:
@@ -135,7 +134,7 @@ class Job:
                     self.spans.append(None)
                 else:
                     chars = d.offsets[start:stop]
-                    self.spans.append(_Window(i, chars[0][0], chars[-1][1]))
+                    self.spans.append(_Window(chars[0][0], chars[-1][1]))
             self.bounds.append(len(sequences))
         self.tokens = sum(len(r) for r in sequences)
         return sequences

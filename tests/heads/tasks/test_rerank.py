@@ -103,18 +103,19 @@ def test_equal_scores_keep_the_documents_order(packages: dict):
     assert answer[order.index(0)]["score"] == answer[order.index(2)]["score"]
 
 
-@pytest.mark.parametrize("direction", ["right", "left"])
-def test_truncate_cuts_the_pair_to_the_window(packages: dict, direction: str):
+@pytest.mark.parametrize("direction", [None, "right", "left"])
+def test_truncate_cuts_the_pair_to_the_window(packages: dict, direction: str | None):
     """truncate=True: one row per document, the longer side cut first (longest_first), from
     the end `truncation_direction` names."""
     ref = Reference("one")
     long = " ".join(["the museum opened in a station near the river"] * 6)
     docs = [long, DOCUMENTS[1]]
-    job = rerank.Job(packages["one"], QUERY, docs, truncate=True, truncation_direction=direction)
+    chosen = {} if direction is None else {"truncation_direction": direction}
+    job = rerank.Job(packages["one"], QUERY, docs, truncate=True, **chosen)  # default: right
     answer = run_job(packages["one"], job)
     q, d = ref.ids(QUERY), ref.ids(long)
     n = WINDOW - 3 - len(q)  # the document is the longer: only it loses tokens
-    cut = d[:n] if direction == "right" else d[len(d) - n :]
+    cut = d[len(d) - n :] if direction == "left" else d[:n]
     want = relevance(ref.logits(q, [cut, ref.ids(DOCUMENTS[1])]), False)
     assert np.abs(by_index(answer) - want).max() <= TOL
     assert job.truncated == 1 and job.windowed == 0
@@ -207,3 +208,34 @@ def test_jobs_answered_together_each_get_their_own_ranking(packages: dict):
     together = rerank.Job.answer_many(jobs, outputs)
     assert together == [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]
     assert together[0] != together[1]
+
+
+def test_scores_stay_finite_for_large_logits():
+    """The softmax of two labels is taken row by row after subtracting the row's largest
+    logit: no overflow, and a row of small logits is not swamped by another row's large one."""
+    logits = np.array([[1000.0, 0.0], [0.0, 1000.0], [0.0, 1.0]], dtype=np.float32)
+    np.testing.assert_allclose(
+        rerank.scores(logits, raw=False), [0.0, 1.0, 1 / (1 + np.exp(-1.0))], atol=1e-12
+    )
+    np.testing.assert_array_equal(rerank.scores(logits, raw=True), [0.0, 1000.0, 1.0])
+    one = np.array([[-50.0], [2.0]], dtype=np.float32)
+    np.testing.assert_allclose(rerank.scores(one, raw=False), 1 / (1 + np.exp([50.0, -2.0])))
+
+
+def test_windows_are_counted_per_document_and_a_room_of_one_is_enough(packages: dict):
+    ref = Reference("one")
+    q = ref.ids(QUERY)
+    room = WINDOW - 3 - len(q)
+    two = "anna"
+    while len(ref.ids(two)) <= room:  # longer than the room, short enough for two windows
+        two += " may"
+    assert room < len(ref.ids(two)) <= room + room // 2
+    job = rerank.Job(packages["one"], QUERY, [two, "a", two + " " + two])
+    run_job(packages["one"], job)
+    assert job.windowed == 2  # two of three documents, one of them in exactly two windows
+    # a query that leaves one token of room: each document is read a token at a time
+    query = " ".join(["may"] * (WINDOW - 4))
+    assert len(ref.ids(query)) == WINDOW - 4
+    [answer] = run_job(packages["one"], rerank.Job(packages["one"], query, ["anna flew"], stride=0))
+    alone = relevance(ref.logits(ref.ids(query), [[i] for i in ref.ids("anna flew")]), False)
+    assert abs(answer["score"] - alone.max()) <= TOL

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from heads.package import ModelPackage, read_package
@@ -168,3 +169,44 @@ def test_jobs_answered_together_each_get_their_own(packages: dict):
     together = zero_shot.Job.answer_many(jobs, outputs)
     assert together == [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]
     assert together[0][0]["sequence"] == TEXTS[0] and together[1][0]["sequence"] == TEXTS[1]
+
+
+def test_texts_cut_are_counted_once_each_at_the_exact_edge(packages: dict):
+    """A text counts as cut when some hypothesis leaves it too little room, even when a later,
+    shorter one does not; a text exactly as long as the room is not cut."""
+    tok = transformers.AutoTokenizer.from_pretrained(folder("bert"))
+
+    def n(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    long_label, short_label = "money " * 6, "a"
+    room = WINDOW - 3 - n(zero_shot.DEFAULT_TEMPLATE.format(long_label.strip()))
+    text = "anna"
+    while n(text + " may") <= room:
+        text += " may"
+    assert n(text) == room
+    exact = zero_shot.Job(packages["bert"], [text], [long_label.strip(), short_label])
+    run_job(packages["bert"], exact)
+    assert exact.truncated == 0
+    over = zero_shot.Job(packages["bert"], [text + " may", text + " may may", "a cat"],
+                         [long_label.strip(), short_label])  # fmt: skip
+    run_job(packages["bert"], over)
+    assert over.truncated == 2
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_scores_stay_finite_for_large_logits(packages: dict, multi_label: bool):
+    """Softmaxes are taken per text (and per label when labels are independent) after
+    subtracting that softmax's own largest logit."""
+    job = zero_shot.Job(packages["bert"], ["a", "b"], ["x", "y"], multi_label=multi_label)
+    # entailment is label 0 (the last is contradiction); text "a" huge logits, "b" small
+    logits = [[1000.0, 0.0, 0.0], [990.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    outputs = [{"logits": np.array(row, dtype=np.float32)} for row in logits]
+    a, b = job.answer(outputs)
+    if multi_label:  # entailment against contradiction, each label alone
+        assert a["scores"] == [1.0, 1.0]
+        assert b["scores"] == pytest.approx([1 / (1 + np.exp(-1.0)), 0.5])
+    else:  # the labels' entailment logits, softmaxed per text
+        assert a["labels"] == ["x", "y"]
+        assert a["scores"] == pytest.approx([1 / (1 + np.exp(-10.0)), 1 / (1 + np.exp(10.0))])
+        assert b["scores"] == pytest.approx([1 / (1 + np.exp(-1.0)), 1 / (1 + np.exp(1.0))])

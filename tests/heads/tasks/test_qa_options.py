@@ -1,0 +1,139 @@
+"""heads.tasks.qa at its edges: each limit just inside and just outside (question length, the
+room a window leaves, the stride), the messages word for word, span ranking with ties and with
+every span asked for, large logits, and a Job's options reaching its answer (run as the batcher
+runs it on a tiny exported QA model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from heads.package import ModelPackage, read_package
+from heads.rows import InvalidInput
+from heads.tasks import qa
+from tests.families import family_package
+from tests.heads.tasks.served import run_job
+
+QUESTION = "where is the cat"
+CONTEXT = "the cats sat on the mat in new york city. paris is in france."
+
+
+def n_tokens(tokenizer: Tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def refused(message: str):  # type: ignore[no-untyped-def]
+    """pytest.raises(InvalidInput) whose message is exactly `message`."""
+    return pytest.raises(InvalidInput, match=f"^{__import__('re').escape(message)}$")
+
+
+def test_an_empty_question_or_context_is_named(toy_tokenizer: Tokenizer) -> None:
+    with refused("question is empty: it has no tokens to ask with"):
+        qa.preprocess(toy_tokenizer, " ", CONTEXT)
+    with refused("context is empty: it has no tokens to answer from"):
+        qa.preprocess(toy_tokenizer, QUESTION, " ")
+
+
+def test_each_limit_just_inside_and_just_outside(toy_tokenizer: Tokenizer) -> None:
+    n = n_tokens(toy_tokenizer, QUESTION)
+    qa.preprocess(toy_tokenizer, QUESTION, CONTEXT, max_question_len=n)
+    with refused(f"question is {n} tokens long, more than max_question_len {n - 1}"):
+        qa.preprocess(toy_tokenizer, QUESTION, CONTEXT, max_question_len=n - 1)
+    # a room of one context token: one window per token
+    one = qa.preprocess(toy_tokenizer, QUESTION, "a cat", max_seq_length=n + 4, stride=0)
+    assert [len(w.offsets) for w in one.windows] == [1] * n_tokens(toy_tokenizer, "a cat")
+    with refused(
+        f"question is too long for max_seq_len {n + 3}: its {n} tokens leave no room for the "
+        "context"
+    ):
+        qa.preprocess(toy_tokenizer, QUESTION, "a cat", max_seq_length=n + 3)
+    with refused("doc_stride must be >= 0, not -1"):
+        qa.preprocess(toy_tokenizer, QUESTION, "a cat", stride=-1)
+    # a context exactly as long as the room fits one window: no stride is needed
+    c = n_tokens(toy_tokenizer, "a cat sat")
+    fits = qa.preprocess(toy_tokenizer, QUESTION, "a cat sat", max_seq_length=n + 3 + c, stride=c)
+    assert not fits.windowed
+    with refused(
+        f"doc_stride ({c - 1}) must be smaller than the {c - 1} context tokens that fit in a "
+        "window beside the question; lower doc_stride or raise max_seq_len"
+    ):
+        qa.preprocess(toy_tokenizer, QUESTION, "a cat sat", max_seq_length=n + 2 + c, stride=c - 1)
+
+
+def test_the_default_stride_is_the_pipelines_at_most_half_the_window() -> None:
+    assert [qa.default_stride(n) for n in (1000, 257, 256, 100, 3)] == [128, 128, 128, 50, 1]
+
+
+def test_spans_rank_best_first_whether_all_or_some_are_asked_for() -> None:
+    rng = np.random.default_rng(0)
+    start, end = rng.random(6).astype(np.float32), rng.random(6).astype(np.float32)
+    none = np.zeros(6, dtype=bool)
+    starts, ends, scores = qa.decode_spans(start, end, 100, 15, none)  # every span: 21
+    assert len(scores) == 21 and np.all(np.diff(scores) <= 0)
+    want = sorted(((float(start[s] * end[e]), s, e) for s in range(6) for e in range(s, 6)),
+                  key=lambda x: -x[0])  # fmt: skip
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [(s, e) for _, s, e in want]
+    for k in (1, 5, 20):  # fewer than all: the same first k
+        s, e, _ = qa.decode_spans(start, end, k, 15, none)
+        assert list(zip(s.tolist(), e.tolist(), strict=True)) == [(s, e) for _, s, e in want[:k]]
+
+
+@pytest.mark.parametrize("top_k", [30, 1000])
+def test_equal_scores_keep_the_earliest_span_first(top_k: int) -> None:
+    """Ties are broken as the pipeline's argmax breaks them: by start, then end."""
+    ones = np.ones(12, dtype=np.float32)
+    starts, ends, _ = qa.decode_spans(ones, ones, top_k, 15, np.zeros(12, dtype=bool))
+    spans = [(s, e) for s in range(12) for e in range(s, 12)]
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == spans[:top_k]
+
+
+def test_large_logits_give_finite_probabilities() -> None:
+    logits = np.array([100.0, 90.0, 80.0, -5.0], dtype=np.float32)
+    allowed = np.array([True, True, True, False])
+    start, end = qa.span_probs(logits, logits[::-1].copy(), allowed)
+    x = np.exp(np.float64([0.0, -10.0, -20.0]))
+    np.testing.assert_allclose(start[:3], x / x.sum(), rtol=1e-6)
+    assert start[3] == 0.0 and np.isfinite(end).all() and end.sum() == pytest.approx(1.0)
+
+
+def test_postprocess_refuses_what_it_cannot_answer(toy_tokenizer: Tokenizer) -> None:
+    prepared = qa.preprocess(toy_tokenizer, QUESTION, CONTEXT)
+    with refused("max_answer_len must be at least 1, not 0"):
+        qa.postprocess(prepared, [], max_answer_len=0)
+    with pytest.raises(ValueError, match=r"^0 outputs for 1 windows$"):
+        qa.postprocess(prepared, [])
+
+
+@pytest.fixture(scope="module")
+def squad() -> ModelPackage:
+    return read_package(family_package("bert", "question-answering"))
+
+
+def test_a_jobs_options_reach_its_answer(squad: ModelPackage) -> None:
+    pairs = [(QUESTION, CONTEXT), ("who", "anna flew to lisbon in may")]
+    [best, other] = run_job(squad, qa.Job(squad, pairs, top_k=1, max_answer_len=15,
+                                          max_seq_length=384, stride=None,
+                                          handle_impossible_answer=False))  # fmt: skip
+    assert isinstance(best, dict) and best["answer"] == CONTEXT[best["start"] : best["end"]]
+    assert isinstance(other, dict)
+    two = run_job(squad, qa.Job(squad, pairs[:1], top_k=2, max_answer_len=15, max_seq_length=384,
+                                stride=None, handle_impossible_answer=False))  # fmt: skip
+    assert [len(a) for a in two] == [2] and two[0][0] == best
+    many = {"top_k": 500, "max_answer_len": 15, "max_seq_length": 384, "stride": None}
+    [plain] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=False, **many))
+    [null] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=True, **many))
+    assert "" not in [a["answer"] for a in plain] and "" in [a["answer"] for a in null]
+    # max_answer_len 1: one-word answers only; a stride given is the stride used
+    short = run_job(squad, qa.Job(squad, pairs[:1], top_k=500, max_answer_len=1,
+                                  max_seq_length=384, stride=None,
+                                  handle_impossible_answer=False))[0]  # fmt: skip
+    assert all(" " not in a["answer"] for a in short) and len(short) < len(plain)
+    rows = {}
+    for stride in (0, 6):
+        job = qa.Job(squad, pairs[:1], top_k=1, max_answer_len=15, max_seq_length=16,
+                     stride=stride, handle_impossible_answer=False)  # fmt: skip
+        run_job(squad, job)
+        rows[stride] = sum(len(c.windows) for c in job._contexts)
+        assert job.stride == stride and job.windowed == 1
+    assert rows[6] > rows[0] > 1  # windows that share 6 tokens: more of them
