@@ -39,7 +39,7 @@ from service.malloc import give_back_free_memory
 from service.metrics import Metrics
 from service.runtime import Backend, open_backend, warm_up
 from service.selection import check_named, choose, none_loaded, package_folders, unfit
-from service.settings import Settings
+from service.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class LoadFlags:
 
 
 class Registry:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: EngineSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.entries: list[Entry] = []

@@ -162,7 +162,7 @@ def test_dimensions_from_one_to_the_full_width():
 
 
 def test_a_job_reads_prompt_truncation_and_direction(toy_tokenizer: Tokenizer):
-    long = " ".join(["the cat sat on the mat"] * 4)  # 24 tokens, window 8
+    long = "the cat sat on the mat a dog ran fast in paris new york city"  # 15 tokens, window 8
     encode = toy_tokenizer.encode
 
     def rows(job: embed.Job) -> list[list[int]]:
@@ -209,7 +209,7 @@ def test_a_job_with_features_answers_the_combined_layers():
 
 
 def test_jobs_answered_together_each_get_their_own_vectors():
-    s = states(6, seed=2)
+    s = states(7, seed=2)
     outputs = [{embed.LAYER_OUTPUTS["mean"]: row, "embeddings": row[-1] * 3} for row in s]
     pkg = package()
     jobs = [
@@ -217,12 +217,14 @@ def test_jobs_answered_together_each_get_their_own_vectors():
         embed.Job(pkg, ["c"], features=embed.features(pkg, layers=[0])),
         embed.Job(pkg, ["d", "e"], normalize=False),
         embed.Job(pkg, ["f"]),
+        embed.Job(pkg, ["g"]),  # a third of the first group: its rows start after both others'
     ]
-    split = [outputs[0:2], outputs[2:3], outputs[3:5], outputs[5:6]]
+    split = [outputs[0:2], outputs[2:3], outputs[3:5], outputs[5:6], outputs[6:7]]
     answers = embed.Job.answer_many(jobs, split)
     np.testing.assert_allclose(answers[0], unit(s[0:2, -1]), rtol=1e-6)
     np.testing.assert_allclose(answers[1], unit(s[2:3, 0]), rtol=1e-6)
     np.testing.assert_allclose(answers[2], s[3:5, -1] * 3, rtol=1e-6)
     np.testing.assert_allclose(answers[3], unit(s[5:6, -1]), rtol=1e-6)
+    np.testing.assert_allclose(answers[4], unit(s[6:7, -1]), rtol=1e-6)
     for job, outs, answer in zip(jobs, split, answers, strict=True):
         np.testing.assert_allclose(job.answer(outs), answer, rtol=1e-6)
