@@ -48,7 +48,7 @@ class App(FastAPI):
 def create_app(settings: Settings | None = None) -> App:
     settings = settings or Settings()
     logging.getLogger("service").setLevel(settings.log_level.upper())
-    engine = Engine(settings)
+    engine = Engine(settings.engine())  # the engine sees no HTTP knob
     metrics, registry = engine.metrics, engine.registry
 
     @asynccontextmanager

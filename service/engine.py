@@ -1,7 +1,7 @@
 """The engine: the model packages and their batchers, with the tasks as async methods that take
 plain Python inputs and return the answers the HTTP routes serialise. No HTTP in here:
 
-    async with Engine(Settings(model_dir=Path("models"))) as engine:  # loads, drains at exit
+    async with Engine(EngineSettings(model_dir=Path("models"))) as engine:  # loads, drains at exit
         [[best]] = await engine.classify(["I loved this film"])        # {"label", "score"}
         vectors = await engine.embed(["a sentence", "another"])        # (2, H) float32
         [span] = await engine.qa([("Who?", "Anna met Paul.")])           # best span or None
@@ -48,7 +48,7 @@ from service.job_queue import Timing
 from service.metrics import Metrics
 from service.model_control import Poller
 from service.registry import LoadedModel, Registry
-from service.settings import Settings
+from service.settings import EngineSettings
 
 
 class Call:
@@ -87,7 +87,7 @@ class Engine:
     """See the module docstring. `start()` (or `async with`) inside the event loop that will
     call it; `stop()` drains: new calls get 503, calls in flight finish (drain_timeout)."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: EngineSettings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.registry = Registry(settings, self.metrics)

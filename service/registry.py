@@ -39,7 +39,7 @@ from service.malloc import give_back_free_memory
 from service.metrics import Metrics
 from service.runtime import Backend, open_backend, warm_up
 from service.selection import check_named, choose, none_loaded, package_folders, unfit
-from service.settings import Settings
+from service.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +77,15 @@ class Entry:
     path: Path
     name: str  # the folder name until package.json is read
     state: Literal["loading", "ready", "failed"] = "loading"
-    task: str | None = None
     error: str | None = None  # why it does not serve
     model: LoadedModel | None = None
     reload_error: str | None = None  # why a newer version did not load (this one serves)
     attempted: str | None = None  # model control: the folder's fingerprint last tried
+
+    @property
+    def task(self) -> str | None:
+        """The task of the model it serves; None while none does."""
+        return self.model.task if self.model is not None else None
 
 
 # A fill-mask graph answers (B, T, V) float32 logits: a batch of max_batch_tokens 16,384 rows x
@@ -144,7 +148,7 @@ class LoadFlags:
 
 
 class Registry:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: EngineSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.entries: list[Entry] = []
@@ -178,7 +182,7 @@ class Registry:
                 entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
                 log.error("%s: not served: %s", entry.path, entry.error)
             else:
-                entry.state, entry.task = "ready", opened.package.task
+                entry.state = "ready"
         self.loaded.set()
         # What loading made (sessions, tokenizers, the app's routes and schemas) lives as long
         # as the process: out of the collector's generations, a full collection no longer walks
@@ -281,9 +285,7 @@ class Registry:
             self._serve(opened)
             self._add(entry)
             old, entry.model, entry.path = entry.model, opened, path
-            entry.state, entry.task, entry.error, entry.reload_error = (
-                "ready", opened.package.task, None, None
-            )  # fmt: skip
+            entry.state, entry.error, entry.reload_error = "ready", None, None
             log.info("%s: version %s serving", name, opened.version)
             if old is not None:
                 self._retire(old)

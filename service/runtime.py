@@ -20,7 +20,7 @@ from heads.quality import agreement_problem
 
 if TYPE_CHECKING:
     from heads.package import ModelPackage
-    from service.settings import Settings
+    from service.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def cpu_lanes(settings: Settings) -> tuple[int, int]:
+def cpu_lanes(settings: EngineSettings) -> tuple[int, int]:
     """(batches at once, intra-op threads each) on CPU: concurrent_batches, or one per core
     of the process's thread budget (intra_op_threads, else its usable cores), splitting that
     budget evenly so the lanes never ask for more threads than it has."""
@@ -203,7 +203,7 @@ def preload_cuda_libraries() -> None:
         log.warning("onnxruntime.preload_dlls() failed: %s", err)
 
 
-def open_backend(package: ModelPackage, settings: Settings) -> tuple[OrtBackend, str]:
+def open_backend(package: ModelPackage, settings: EngineSettings) -> tuple[OrtBackend, str]:
     """Create the session for `package` on the device the settings ask for.
 
     Returns the backend and the variant it runs. Raises RuntimeError when device=cuda and

@@ -1,4 +1,5 @@
-"""Every knob of the service: one pydantic-settings class.
+"""Every knob of the service: `Settings`, one pydantic-settings class, whose engine part is
+`EngineSettings` (what service.engine reads; no HTTP, no environment).
 
 Each field is an environment variable `BERT_HEADS_<FIELD>` and a flag of `python -m service`
 (`--max-batch-tokens`, generated from this class by `service.__main__`); a flag wins over the
@@ -10,9 +11,17 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.keys import parse_keys
@@ -27,8 +36,13 @@ Device = Literal["auto", "cpu", "cuda"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BERT_HEADS_", extra="ignore", frozen=True)
+class EngineSettings(BaseModel):
+    """What the engine reads (service.engine: models, batching, limits, ONNX Runtime, loading):
+    no HTTP, no environment. `Settings`, the server's, is one with the HTTP knobs added and
+    read from flags and BERT_HEADS_*; `Settings.engine()` is its engine part alone. The batch
+    command and the Ray stage build one the same way."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     # Where and what to serve
     model_dir: Path = Field(
@@ -48,11 +62,6 @@ class Settings(BaseSettings):
         "rerank, zero-shot, embedding, ...); beats a package's own default_for. Checked at "
         "start: NAME must be a package of model_dir that answers TASK.",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="Address to bind; 0.0.0.0 exposes the service beyond this machine.",
-    )
-    port: int = Field(default=8080, ge=0, le=65535, description="TCP port to listen on.")
 
     # Batching: throughput against latency and memory
     max_batch_tokens: int = Field(
@@ -88,12 +97,6 @@ class Settings(BaseSettings):
         description="Most inputs in one request (more gets 413): bounds one client's share "
         "of a batch.",
     )
-    payload_limit: int = Field(
-        default=2_000_000,
-        ge=1,
-        description="Largest request body in bytes (more gets 413 before it is read): "
-        "bounds the memory one request can take.",
-    )
     max_text_chars: int = Field(
         default=20_000,
         ge=1,
@@ -108,15 +111,6 @@ class Settings(BaseSettings):
     )
 
     # Runtime
-    workers: int = Field(
-        default=1,
-        ge=1,
-        description="Server processes sharing the port, each with its own event loop and "
-        "sessions and, unless intra_op_threads is set, its share of the cores: more use a "
-        "many-core host when one event loop is the limit; each holds every model again "
-        "(memory x workers). /metrics sums them all. A worker that dies is replaced; 5 deaths "
-        "of one within a minute stop the server.",
-    )
     intra_op_threads: int = Field(
         default=0,
         ge=0,
@@ -148,6 +142,8 @@ class Settings(BaseSettings):
         description="Execution provider: auto uses CUDA when a GPU is really there, else CPU; "
         "cuda fails the package instead of falling back.",
     )
+
+    # Loading and model control
     verify_sha256: bool = Field(
         default=True,
         description="Check every package file against its recorded sha256 at start-up: "
@@ -157,6 +153,72 @@ class Settings(BaseSettings):
         default=False,
         description="Report ready when some packages failed to load (the others serve); off "
         "keeps a half-broken replica out of the load balancer.",
+    )
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        default="none",
+        description="none: the packages found at start; poll: follow model_dir (new, changed, "
+        "removed folders); explicit: load/unload by POST with the admin key (Triton's modes).",
+    )
+    poll_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="model_control poll: seconds between looks at model_dir; a folder loads "
+        "once unchanged for one interval.",
+    )
+    drain_timeout: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds in-flight requests get to finish at shutdown; keep it below the "
+        "orchestrator's grace period (Kubernetes: 30 s).",
+    )
+
+    @model_validator(mode="after")
+    def _polling_verifies(self) -> Self:
+        if self.model_control == "poll" and not self.verify_sha256:
+            raise ValueError(
+                "model_control poll needs verify_sha256: the hashes are what keep a "
+                "half-copied package from loading"
+            )
+        return self
+
+    @field_validator("default_model", mode="before")
+    @classmethod
+    def _parse_default_model(cls, value: object) -> object:
+        return parse_defaults(value)
+
+    @field_validator("default_model")
+    @classmethod
+    def _default_model_is_served(cls, value: dict[str, str], info: ValidationInfo) -> object:
+        if value and "model_dir" in info.data:  # else model_dir's own error is the one to fix
+            check_defaults(value, info.data["model_dir"], info.data.get("model_name"))
+        return value
+
+
+class Settings(BaseSettings, EngineSettings):
+    model_config = SettingsConfigDict(env_prefix="BERT_HEADS_", extra="ignore", frozen=True)
+
+    # Where to listen
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address to bind; 0.0.0.0 exposes the service beyond this machine.",
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port to listen on.")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Server processes sharing the port, each with its own event loop and "
+        "sessions and, unless intra_op_threads is set, its share of the cores: more use a "
+        "many-core host when one event loop is the limit; each holds every model again "
+        "(memory x workers). /metrics sums them all. A worker that dies is replaced; 5 deaths "
+        "of one within a minute stop the server.",
+    )
+
+    # Request bodies
+    payload_limit: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Largest request body in bytes (more gets 413 before it is read): "
+        "bounds the memory one request can take.",
     )
 
     # Access and operations
@@ -177,17 +239,6 @@ class Settings(BaseSettings):
         description="The key of POST /models/{name}/load and /unload (model_control explicit); "
         "never accepted for inference, nor an inference key here.",
     )
-    model_control: Literal["none", "poll", "explicit"] = Field(
-        default="none",
-        description="none: the packages found at start; poll: follow model_dir (new, changed, "
-        "removed folders); explicit: load/unload by POST with the admin key (Triton's modes).",
-    )
-    poll_interval: float = Field(
-        default=5.0,
-        gt=0,
-        description="model_control poll: seconds between looks at model_dir; a folder loads "
-        "once unchanged for one interval.",
-    )
     metrics_public: bool = Field(
         default=False,
         description="Serve /metrics without the API key when one is set: a Prometheus that "
@@ -201,12 +252,6 @@ class Settings(BaseSettings):
         "set: a browser, which cannot send the key, opens the docs, and so can anyone who "
         "reaches the port (every endpoint and its limits). Off: clients that hold the key "
         "fetch /openapi.json with it.",
-    )
-    drain_timeout: float = Field(
-        default=30.0,
-        ge=0,
-        description="Seconds in-flight requests get to finish at shutdown; keep it below the "
-        "orchestrator's grace period (Kubernetes: 30 s).",
     )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -223,6 +268,12 @@ class Settings(BaseSettings):
         "(event-loop CPU per request); unset = off, at no cost. Needs pip install "
         "'bert-heads[otel]'.",
     )
+
+    def engine(self) -> EngineSettings:
+        """The engine's part of these settings (already checked: not validated again)."""
+        return EngineSettings.model_construct(
+            **{n: getattr(self, n) for n in EngineSettings.model_fields}
+        )
 
     @field_validator("api_key", "admin_key", mode="before")
     @classmethod
@@ -259,28 +310,11 @@ class Settings(BaseSettings):
     def _model_control_is_safe(self) -> Settings:
         if self.model_control == "explicit" and self.admin_key is None:
             raise ValueError("model_control explicit needs an admin_key (BERT_HEADS_ADMIN_KEY)")
-        if self.model_control == "poll" and not self.verify_sha256:
-            raise ValueError(
-                "model_control poll needs verify_sha256: the hashes are what keep a "
-                "half-copied package from loading"
-            )
         admin = parse_keys(self.admin_key.get_secret_value(), ",") if self.admin_key else set()
         keys = parse_keys(self.api_key.get_secret_value(), ",") if self.api_key else set()
         if admin & keys:
             raise ValueError("admin_key must not also be an inference key (api_key)")
         return self
-
-    @field_validator("default_model", mode="before")
-    @classmethod
-    def _parse_default_model(cls, value: object) -> object:
-        return parse_defaults(value)
-
-    @field_validator("default_model")
-    @classmethod
-    def _default_model_is_served(cls, value: dict[str, str], info: ValidationInfo) -> object:
-        if value and "model_dir" in info.data:  # else model_dir's own error is the one to fix
-            check_defaults(value, info.data["model_dir"], info.data.get("model_name"))
-        return value
 
     @field_validator("cors_origins", mode="before")
     @classmethod

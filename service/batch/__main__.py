@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = run_on_ray(plan, settings, args.ray_address, args.ray_actors)
         else:
-            summary = asyncio.run(run(plan, settings))
+            summary = asyncio.run(run(plan, settings.engine()))
     except (ReadError, OutputError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2

@@ -91,7 +91,7 @@ class Predictor:
         base = Settings(**{"model_dir": Path(model_dir), **(settings or {})})
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name="engine").start()
-        self.engine = Engine(engine_settings(base, model))
+        self.engine = Engine(engine_settings(base.engine(), model))
         self._wait(self.engine.start())
         check_loaded(self.engine)
         self.kind = self.task.arrow(self.plan.options, self._wait(probe(self.engine, self.plan)))

@@ -5,7 +5,7 @@ is answered, and a part is answered while the one before it is finished and writ
 holds two parts at most, whatever the input's size.
 
     plan = Plan(TASKS["embed"], {}, Path("in.parquet"), Path("out"), {"text": "text"})
-    summary = asyncio.run(run(plan, Settings(model_dir=Path("models"))))
+    summary = asyncio.run(run(plan, EngineSettings(model_dir=Path("models"))))
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from service.batch.tasks import Row, Task, check_rows, to_arrow
 from service.engine import Engine
 from service.errors import ServiceError
 from service.malloc import keep_large_blocks_mapped
-from service.settings import Settings
+from service.settings import EngineSettings
 
 # Rows in engine calls at once: enough that the batcher's window (4 x max_batch_size rows)
 # stays full while the next rows are tokenized; each call holds one slot.
@@ -141,7 +141,7 @@ def release_memory() -> None:
     keep_large_blocks_mapped()
 
 
-def engine_settings(settings: Settings, model: str | None) -> Settings:
+def engine_settings(settings: EngineSettings, model: str | None) -> EngineSettings:
     """The server's settings for an offline run: only package `model` loaded when named (a
     folder of model_dir), no request timeout or admission limit that a queue of a whole part
     would meet. Limits on inputs (max_text_chars) stay the server's: the same rows fail."""
@@ -156,7 +156,7 @@ def engine_settings(settings: Settings, model: str | None) -> Settings:
     return settings.model_copy(update=update)
 
 
-def models_of(settings: Settings) -> dict[str, str]:
+def models_of(settings: EngineSettings) -> dict[str, str]:
     """Each package the run loads: the start of its package.json's sha256 (which holds every
     file's), so that a resumed run knows it answers with the same model."""
     root = settings.model_dir
@@ -173,7 +173,7 @@ def models_of(settings: Settings) -> dict[str, str]:
     }
 
 
-def describe(plan: Plan, settings: Settings) -> dict[str, Any]:
+def describe(plan: Plan, settings: EngineSettings) -> dict[str, Any]:
     """What makes a resumed run the same run (service.batch.output): a JSON-plain dict."""
     stat = plan.input.stat()
     run = {
@@ -229,7 +229,7 @@ def part_table(plan: Plan, first: int, keep: dict[str, pa.Array], answer: pa.Arr
     return pa.table({"row": rows, **keep, plan.answer_column: answer})
 
 
-async def run(plan: Plan, settings: Settings) -> Summary:
+async def run(plan: Plan, settings: EngineSettings) -> Summary:
     """Run `plan` with the engine `settings` give (see the module docstring)."""
     summary = Summary()
     reader = open_input(plan.input, plan.columns, list(plan.keep), plan.format)

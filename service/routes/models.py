@@ -14,7 +14,7 @@ from service.errors import Forbidden, InputError, ModelNotFound, ServiceError
 from service.metrics import ANY_TASK_ENDPOINTS, ENDPOINTS_BY_TASK, SPARSE_ENDPOINTS
 from service.registry import Entry, Registry
 from service.routes.answers import ERRORS
-from service.routes.deps import ApiKey, RegistryDep, require_bearer
+from service.routes.deps import ApiKey, RegistryDep, SettingsDep, require_bearer
 from service.schemas import (
     Limits,
     ModelInfo,
@@ -92,8 +92,8 @@ def agreements(package: ModelPackage) -> dict[str, VariantAgreement] | None:
 
 
 @router.get("/models", response_model=ModelsResponse, responses={401: ERRORS[401]})
-async def list_models(registry: RegistryDep) -> ModelsResponse:
-    s = registry.settings
+async def list_models(registry: RegistryDep, settings: SettingsDep) -> ModelsResponse:
+    s = settings  # the engine's limits and the server's body limit
     limits = Limits(
         max_batch_tokens=s.max_batch_tokens,
         max_batch_size=s.max_batch_size,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from pydantic import ValidationError
 
 from service.__main__ import build_parser, parse_settings
 from service.app import create_app
 from service.server import DrainingServer
-from service.settings import Settings
+from service.settings import EngineSettings, Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,3 +90,23 @@ def test_help_shows_the_common_options_first_and_every_setting_once():
         assert f"--{name.replace('_', '-')}" in first_screen, name
     assert lines[0] == "usage: python -m service [--model-dir DIR] [--port PORT] [options]"
     assert "examples:" in lines[-4]
+
+
+def test_the_engine_reads_engine_settings_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The engine's part: every engine knob as the server's settings have it, no HTTP knob;
+    EngineSettings reads no environment and refuses a field it does not have."""
+    monkeypatch.setenv("BERT_HEADS_MAX_BATCH_SIZE", "3")
+    server = Settings(model_dir=tmp_path, port=9, api_key="k", request_timeout=7.0)
+    engine = server.engine()
+    assert type(engine) is EngineSettings
+    assert engine.max_batch_size == 3 and engine.request_timeout == 7.0
+    assert engine.model_dump() == server.model_dump(include=set(EngineSettings.model_fields))
+    assert not hasattr(engine, "port") and not hasattr(engine, "api_key")
+    assert EngineSettings().max_batch_size == 64  # the environment is the server's to read
+    with pytest.raises(ValidationError, match="port"):
+        EngineSettings(port=9)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="model_control poll needs verify_sha256"):
+        EngineSettings(model_control="poll", verify_sha256=False)
+    assert type(create_app(server).state.engine.settings) is EngineSettings
