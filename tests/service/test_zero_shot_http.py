@@ -17,18 +17,10 @@ from training.export import export_package
 
 pytestmark = pytest.mark.anyio
 transformers = pytest.importorskip("transformers")
+from tests.heads.tasks.test_zero_shot import LABELS, TEXTS, WINDOW  # noqa: E402
+from tests.heads.tasks.test_zero_shot import NLI as FOLDERS  # noqa: E402
 
-WINDOW = 48
-NLI = {  # model -> (family, labels in id order)
-    "nli-bert": ("bert", ["entailment", "neutral", "contradiction"]),
-    "nli-roberta": ("roberta", ["CONTRADICTION", "NEUTRAL", "ENTAILMENT"]),
-}
-TEXTS = [
-    "The match ended 2-1 after extra time.",
-    "Parliament voted on the budget 🙂 today.",
-    "Café naïve: São Paulo's mayor (2024) said 3.5% " * 6,  # longer than the window
-]
-LABELS = ["sports", "politics", "cooking", "money"]
+NLI = {f"nli-{name}": spec for name, spec in FOLDERS.items()}  # the served names
 
 
 def folder(name: str) -> Any:

@@ -27,7 +27,7 @@ NLI = {  # name -> (family, labels in id order)
 }
 TEXTS = [
     "The match ended 2-1 after extra time.",
-    "Parliament voted on the budget today.",
+    "Parliament voted on the budget 🙂 today.",
     "Café naïve: São Paulo's mayor (2024) said 3.5% " * 6,  # longer than the window
 ]
 LABELS = ["sports", "politics", "cooking", "money"]
