@@ -684,3 +684,58 @@ def test_minilm_package_matches_sentence_transformers(
     assert (
         json.loads((pkg.path / "package.json").read_text())["parity"]["int8"]["min_cosine"] > 0.95
     )
+
+
+def test_compare_finds_the_largest_difference_and_the_worst_cosine(tmp_path: Path) -> None:
+    """The parity the package records, against differences put in by hand: the largest
+    absolute difference per output, and for embeddings the worst row cosine (a row turned
+    around: -1; a row scaled: still 1)."""
+    package = build_tiny_package(tmp_path / "embed", "embedding")
+    path = package.variant_path("fp32")
+    tokenizer = load_package_tokenizer(package.tokenizer_path)
+    batches = export.probe_batches(tokenizer, pad_id(package.pad_token_id, tokenizer), 32)
+    run = export.onnx_run(path)
+    outputs = [run(b) for b in batches]
+    names = list(outputs[0])
+    k = names.index("embeddings")
+
+    def refs() -> list[list[np.ndarray]]:
+        return [[o.copy() for o in out.values()] for out in outputs]
+
+    same = export.compare(path, batches, refs(), "embedding")
+    assert same == {"max_abs_diff": dict.fromkeys(names, 0.0), "min_cosine": pytest.approx(1.0)}
+    scaled = refs()
+    scaled[-1][k][1] *= 3.0  # the same direction: the cosine stays 1
+    got = export.compare(path, batches, scaled, "embedding")
+    want = 2 * float(np.abs(outputs[-1]["embeddings"][1]).max())
+    assert got["max_abs_diff"]["embeddings"] == pytest.approx(want, rel=1e-6)
+    assert got["min_cosine"] == pytest.approx(1.0, abs=1e-6)
+    turned = refs()
+    turned[0][k][0] = -turned[0][k][0]
+    got = export.compare(path, batches, turned, "embedding")
+    assert got["min_cosine"] == pytest.approx(-1.0, abs=1e-6)
+    assert export.worst(got) == got["max_abs_diff"]["embeddings"] > 0
+    assert "min_cosine" not in export.compare(path, batches, turned, "classification")
+
+
+def test_probe_batches_are_the_services_pair_rows_of_ordinary_tokens() -> None:
+    """Rows as the service builds pairs: the template's specials around two halves of random
+    ordinary tokens (never a special one), different lengths padded with the pad id given;
+    the same probes on every call."""
+    tokenizer = tiny_tokenizer()
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    batches = export.probe_batches(tokenizer, 7, 24)
+    assert all(
+        np.array_equal(a[n], b[n])
+        for a, b in zip(batches, export.probe_batches(tokenizer, 7, 24), strict=True)
+        for n in a
+    )
+    for batch in batches:
+        ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        assert ids.shape[1] <= 24 and (ids[mask == 0] == 7).all()
+        lengths = mask.sum(axis=1)
+        assert lengths[0] == ids.shape[1] and (len(lengths) == 1 or lengths.min() < lengths[0])
+        for row, n, t in zip(ids, lengths, types, strict=True):
+            body = [int(i) for i in row[:n] if int(i) not in special]
+            assert len(body) == n - 3 >= 2  # [CLS] a [SEP] b [SEP]
+            assert t[:n].tolist().count(1) == len(body) - len(body) // 2 + 1  # b and its [SEP]
