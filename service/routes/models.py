@@ -93,17 +93,16 @@ def agreements(package: ModelPackage) -> dict[str, VariantAgreement] | None:
 
 @router.get("/models", response_model=ModelsResponse, responses={401: ERRORS[401]})
 async def list_models(registry: RegistryDep, settings: SettingsDep) -> ModelsResponse:
-    s = settings  # the engine's limits and the server's body limit
     limits = Limits(
-        max_batch_tokens=s.max_batch_tokens,
-        max_batch_size=s.max_batch_size,
-        max_client_batch_size=s.max_client_batch_size,
-        max_text_chars=s.max_text_chars,
-        payload_limit=s.payload_limit,
-        request_timeout=s.request_timeout,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_size=settings.max_batch_size,
+        max_client_batch_size=settings.max_client_batch_size,
+        max_text_chars=settings.max_text_chars,
+        payload_limit=settings.payload_limit,
+        request_timeout=settings.request_timeout,
     )
     ready = [e.model for e in registry.entries if e.model is not None]
-    chosen = defaults(ready, s.default_model)
+    chosen = defaults(ready, settings.default_model)
     return ModelsResponse(
         models=[
             describe(e, [use for use, name in chosen.items() if name == e.name])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from heads.rows import ModelRow, Outputs, prepare_tokenizer
+from heads.rows import InvalidInput, ModelRow, Outputs, prepare_tokenizer
 
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
 
@@ -258,6 +259,11 @@ def repo_squad_pairs(n: int) -> list[tuple[str, str]]:
 def ids_of(hf_encoding: Any) -> list[list[int]]:
     ids = hf_encoding["input_ids"]
     return ids if ids and isinstance(ids[0], list) else [ids]
+
+
+def refused(message: str) -> Any:
+    """pytest.raises(InvalidInput) whose message is `message`, word for word."""
+    return pytest.raises(InvalidInput, match=f"^{re.escape(message)}$")
 
 
 def as_lists(seqs: list[ModelRow]) -> list[list[int]]:

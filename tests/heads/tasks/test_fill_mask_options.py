@@ -6,28 +6,19 @@ vocabulary pieces or empty, a SentencePiece tokenizer's clean-up, equal scores, 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import numpy as np
 import pytest
 
-from heads.package import ModelPackage, read_package
-from heads.rows import InvalidInput, load_package_tokenizer
+from heads.rows import load_package_tokenizer
 from heads.tasks import fill_mask
-from tests.families import family_checkpoint, family_package
+from tests.families import family_checkpoint
+from tests.heads.tasks.conftest import refused
 from tests.heads.tasks.served import run_job
-from tests.heads.tasks.test_fill_mask import SEED, assert_same, pipe
+from tests.heads.tasks.test_fill_mask import SEED, assert_same, package, pipe
 
 transformers = pytest.importorskip("transformers")
-
-
-def package(family: str) -> ModelPackage:
-    return read_package(family_package(family, "fill-mask", seed=SEED))
-
-
-def exactly(message: str) -> str:
-    return f"^{re.escape(message)}$"
 
 
 def test_a_text_exactly_as_long_as_the_window_is_taken() -> None:
@@ -41,10 +32,10 @@ def test_a_text_exactly_as_long_as_the_window_is_taken() -> None:
     assert len(hf(text)["input_ids"]) == pkg.max_seq_length
     run_job(pkg, fill_mask.Job(pkg, [text]))
     longer = len(hf(text + " film")["input_ids"])
-    with pytest.raises(InvalidInput, match=exactly(
+    with refused(
         f"inputs[0] is {longer} tokens long, more than the model's max_seq_length "
         f"{pkg.max_seq_length}; shorten it (fill-mask does not truncate)"
-    )):  # fmt: skip
+    ):
         run_job(pkg, fill_mask.Job(pkg, [text + " film"]))
 
 
@@ -57,9 +48,7 @@ def test_preprocess_makes_the_pipelines_rows() -> None:
     texts = ["The [MASK] sat.", "[MASK] and [MASK]"]
     rows = fill_mask.preprocess(tokenizer, texts, pkg.max_seq_length, "[MASK]")
     assert [r.input_ids.tolist() for r in rows] == [hf(t)["input_ids"] for t in texts]
-    with pytest.raises(
-        InvalidInput, match=exactly("the model's tokenizer has no mask token '<m>'")
-    ):
+    with refused("the model's tokenizer has no mask token '<m>'"):
         fill_mask.preprocess(tokenizer, texts, pkg.max_seq_length, "<m>")
 
 
@@ -141,12 +130,10 @@ def test_clean_up_with_a_sentencepiece_tokenizer(tmp_path: Any) -> None:
 
 def test_refusals_word_for_word() -> None:
     pkg = package("distilbert")
-    with pytest.raises(InvalidInput, match=exactly(
+    with refused(
         f"model {pkg.name!r} has no mask token: export it with `python -m training.export "
         "--task fill-mask` from a checkpoint whose tokenizer has one"
-    )):  # fmt: skip
-        fill_mask.Job(dataclasses.replace(pkg, mask_token=None), ["a [MASK]"])
-    with pytest.raises(
-        InvalidInput, match=exactly("targets must be a word or a non-empty list of words")
     ):
+        fill_mask.Job(dataclasses.replace(pkg, mask_token=None), ["a [MASK]"])
+    with refused("targets must be a word or a non-empty list of words"):
         fill_mask.Job(pkg, ["a [MASK]"], targets=[])

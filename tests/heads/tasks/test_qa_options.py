@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from heads.package import ModelPackage, read_package
-from heads.rows import InvalidInput
 from heads.tasks import qa
 from tests.families import family_package
+from tests.heads.tasks.conftest import refused
 from tests.heads.tasks.served import run_job
 
 QUESTION = "where is the cat"
@@ -21,11 +21,6 @@ CONTEXT = "the cats sat on the mat in new york city. paris is in france."
 
 def n_tokens(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def refused(message: str):  # type: ignore[no-untyped-def]
-    """pytest.raises(InvalidInput) whose message is exactly `message`."""
-    return pytest.raises(InvalidInput, match=f"^{__import__('re').escape(message)}$")
 
 
 def test_an_empty_question_or_context_is_named(toy_tokenizer: Tokenizer) -> None:
