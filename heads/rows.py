@@ -357,7 +357,7 @@ def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     if len_a + len_b <= budget:
         return len_a, len_b
     short, long_ = sorted((len_a, len_b))
-    long_ = short if short > budget else max(short, budget - short)
+    long_ = max(short, budget - short)  # short > budget: budget - short < 0, so short
     if short + long_ > budget:
         short = budget // 2
         long_ = short + budget % 2

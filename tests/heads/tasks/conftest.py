@@ -261,9 +261,9 @@ def ids_of(hf_encoding: Any) -> list[list[int]]:
     return ids if ids and isinstance(ids[0], list) else [ids]
 
 
-def refused(message: str) -> Any:
-    """pytest.raises(InvalidInput) whose message is `message`, word for word."""
-    return pytest.raises(InvalidInput, match=f"^{re.escape(message)}$")
+def refused(message: str, error: type[Exception] = InvalidInput) -> Any:
+    """pytest.raises(error) whose message is `message`, word for word."""
+    return pytest.raises(error, match=f"^{re.escape(message)}$")
 
 
 def as_lists(seqs: list[ModelRow]) -> list[list[int]]:
