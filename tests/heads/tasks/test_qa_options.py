@@ -5,6 +5,10 @@ runs it on a tiny exported QA model)."""
 
 from __future__ import annotations
 
+import copy
+import inspect
+from typing import Any
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -12,7 +16,7 @@ from tokenizers import Tokenizer
 from heads.package import ModelPackage, read_package
 from heads.tasks import qa
 from tests.families import family_package
-from tests.heads.tasks.conftest import refused
+from tests.heads.tasks.conftest import as_lists, forward, refused, repo_squad_pairs
 from tests.heads.tasks.served import run_job
 
 QUESTION = "where is the cat"
@@ -134,3 +138,42 @@ def test_a_jobs_options_reach_its_answer(squad: ModelPackage) -> None:
         rows[stride] = sum(len(c.windows) for c in job._contexts)
         assert job.stride == stride and job.windowed == 1
     assert rows[6] > rows[0] > 1  # windows that share 6 tokens: more of them
+
+
+def test_with_no_options_the_windows_and_answers_are_the_pipelines(
+    tok_repo: Tokenizer, hf_repo: Any, tiny_model: Any
+) -> None:
+    """Nothing given: windows of the pipeline's 384 tokens sharing 128, and its answer rules
+    (one answer, 15 tokens at most, no null answer, widened to words)."""
+    pytest.importorskip("transformers")
+    from transformers import pipeline
+    from transformers.pipelines.question_answering import QuestionAnsweringPipeline
+
+    defaults = inspect.signature(QuestionAnsweringPipeline.postprocess).parameters
+    for ours in (inspect.signature(qa.postprocess), inspect.signature(qa.Job)):
+        for name in ("top_k", "max_answer_len", "handle_impossible_answer"):
+            assert ours.parameters[name].default == defaults[name].default, name
+    assert inspect.signature(qa.postprocess).parameters["align_to_words"].default is True
+
+    model = tiny_model("BertForQuestionAnswering", len(hf_repo), seed=2)
+    hf_512 = copy.deepcopy(hf_repo)
+    hf_512.model_max_length = 512  # as BERT's own: the pipeline's 384 applies, not 128
+    pipe = pipeline("question-answering", model=model, tokenizer=hf_512)
+    pairs = repo_squad_pairs(40)
+    context = " ".join(c for _, c in pairs)  # several 384-token windows
+    for question, _ in pairs[:4]:
+        prepared = qa.preprocess(tok_repo, question, context)
+        hf = hf_repo(
+            question,
+            context,
+            truncation="only_second",
+            max_length=384,
+            stride=128,
+            return_overflowing_tokens=True,
+        )
+        assert as_lists(prepared.sequences) == hf["input_ids"]
+        assert prepared.windowed
+        ours = qa.postprocess(prepared, [forward(model, s) for s in prepared.sequences])
+        theirs = pipe(question=question, context=context)
+        assert [(a["start"], a["end"]) for a in ours] == [(theirs["start"], theirs["end"])]
+        assert ours[0]["score"] == pytest.approx(theirs["score"], abs=1e-4)
