@@ -194,7 +194,7 @@ def _read_template(tokenizer: Tokenizer) -> Template:
     a = tokenizer.encode("a", add_special_tokens=False)
     b = tokenizer.encode("b", add_special_tokens=False)
     if not a.ids or not b.ids:
-        raise ValueError("the tokenizer encodes 'a' to no token: cannot read its row layout")
+        raise ValueError("the tokenizer encodes 'a' or 'b' to no token: cannot read its row layout")
     single, pair = _probe_parts(tokenizer, a, None), _probe_parts(tokenizer, a, b)
     if not single.n_special:
         raise ValueError(
@@ -279,7 +279,7 @@ def _no_space_before(starts: np.ndarray, text: str) -> np.ndarray:
     tokenizers that do not mark subwords (a literal space only: a tab does not count)."""
     space = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32) == 32
     space = np.append(space, False)  # a start at len(text) (an empty token) reads False
-    before = np.where(starts > 0, space[np.maximum(starts - 1, 0)], True)
+    before = space[np.maximum(starts - 1, 0)]  # a start of 0 reads text[0]: dropped below
     return (starts > 0) & ~before & ~space[starts]
 
 

@@ -99,10 +99,9 @@ class WindowedContext:
 
 def _word_spans(offsets: np.ndarray, words: np.ndarray) -> np.ndarray:
     """(n, 2) offsets and (n,) non-decreasing word ids -> each token's word span: from its
-    word's first token's start to its last token's end."""
+    word's first token's start to its last token's end. n >= 1: a window holds at least one
+    context token (preprocess refuses a question that leaves no room)."""
     n = len(words)
-    if n == 0:
-        return offsets.copy()
     first = np.empty(n, dtype=bool)  # a token that starts a word (within this window)
     first[0] = True
     np.not_equal(words[1:], words[:-1], out=first[1:])
@@ -216,10 +215,12 @@ def decode_spans(
     s_idx, e_idx = s_idx[keep], e_idx[keep]
     scores = start_probs[s_idx] * end_probs[e_idx]
     if top_k < len(scores):
-        part = np.argpartition(-scores, top_k - 1)[:top_k]
-        # restore row-major order inside the partition so the stable sort breaks ties as the
-        # pipeline's argmax does: the earliest span wins
-        part.sort()
+        # The top_k, the earliest spans first among those tied with the k-th best (a plain
+        # argpartition picks any of them), in row-major order, so the stable sort breaks ties
+        # as the pipeline's argmax does: the earliest span wins.
+        kth = np.partition(scores, len(scores) - top_k)[len(scores) - top_k]
+        above = np.flatnonzero(scores > kth)
+        part = np.union1d(above, np.flatnonzero(scores == kth)[: top_k - len(above)])
         order = part[np.argsort(-scores[part], kind="stable")]
     else:
         order = np.argsort(-scores, kind="stable")

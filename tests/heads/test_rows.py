@@ -171,10 +171,17 @@ def test_a_post_processor_that_adds_no_special_token_is_refused():
         template(tok)
 
 
-def test_a_tokenizer_that_cannot_encode_a_letter_is_refused():
-    tok = Tokenizer(BPE({"[CLS]": 0, "[SEP]": 1}, []))  # no unknown token: "a" -> nothing
+@pytest.mark.parametrize("known", [(), ("a",), ("b",)])
+def test_a_tokenizer_that_cannot_encode_a_letter_is_refused(known: tuple[str, ...]):
+    """The layout is read from how the post-processor places "a" and "b": a tokenizer that
+    makes no token of either (no unknown token) cannot show it, and a pair read without "b"
+    would put its [SEP]s together."""
+    vocab = {"[CLS]": 0, "[SEP]": 1} | {letter: 2 + i for i, letter in enumerate(known)}
+    tok = Tokenizer(BPE(vocab, []))  # no unknown token: a letter not in vocab -> nothing
     tok.post_processor = processors.BertProcessing(("[SEP]", 1), ("[CLS]", 0))
-    with refused("the tokenizer encodes 'a' to no token: cannot read its row layout", ValueError):
+    with refused(
+        "the tokenizer encodes 'a' or 'b' to no token: cannot read its row layout", ValueError
+    ):
         template(tok)
 
 

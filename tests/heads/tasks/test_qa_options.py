@@ -87,6 +87,19 @@ def test_equal_scores_keep_the_earliest_span_first(top_k: int) -> None:
     assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == spans[:top_k]
 
 
+@pytest.mark.parametrize("top_k", [50, 200, 10_000])  # inside the best class, across, all
+def test_many_equal_scores_among_others_keep_the_earliest_first(top_k: int) -> None:
+    """Hundreds of spans in three score classes: an unstable sort (numpy's default introsort
+    past 16 elements) would mix the spans within a class, and a plain argpartition would keep
+    any of the spans tied with the k-th best, not the earliest."""
+    probs = np.float32([0.5, 0.25, 0.25, 0.5] * 10)  # 40 tokens, 2 values: ties everywhere
+    starts, ends, scores = qa.decode_spans(probs, probs, top_k, 15, np.zeros(40, dtype=bool))
+    spans = [(s, e) for s in range(40) for e in range(s, min(s + 15, 40))]
+    want = sorted(spans, key=lambda se: -float(probs[se[0]] * probs[se[1]]))  # stable
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == want[:top_k]
+    assert scores.tolist() == [float(probs[s] * probs[e]) for s, e in want[:top_k]]
+
+
 def test_large_logits_give_finite_probabilities() -> None:
     logits = np.array([100.0, 90.0, 80.0, -5.0], dtype=np.float32)
     allowed = np.array([True, True, True, False])
