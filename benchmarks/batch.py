@@ -188,10 +188,13 @@ def ceiling(package: Path, variant: str, threads: int, texts: list[str], budget:
 
 def at_once(backends: list[Any], rows: list[Any], size: int, budget: float) -> tuple[int, float]:
     """Rows and rows/s of every backend running its share of the length-sorted batches at
-    once, each in its own thread (ONNX Runtime releases the GIL), for about `budget` s."""
-    batches = sorted(
-        (rows[i : i + size] for i in range(0, len(rows), size)), key=lambda b: len(b[-1])
-    )
+    once, each in its own thread (ONNX Runtime releases the GIL), for about `budget` s. The
+    rows are sorted before they are cut, as the command sorts them, and the batches visited
+    in `_engine.spread` order, as `_engine.throughput` does for the one-session layout: a
+    short budget measures short and long rows alike."""
+    ordered = sorted(rows, key=len)
+    cut = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    batches = [cut[i] for i in _engine.spread(len(cut))]
     feeds = [_engine.feeds_for(backends[0], b) for b in batches]
     for backend in backends:
         backend.session.run(None, feeds[0])

@@ -69,15 +69,13 @@ STRATEGIES = ("none", "simple", "first", "average", "max")
 class TextWindow:
     """One model row over text tokens [start, stop).
 
-    offsets (L, 2): character offsets of each row position, (0, 0) on [CLS] / [SEP];
-    special (L,) bool: True on [CLS] / [SEP].
+    offsets (L, 2): character offsets of each row position, (0, 0) on [CLS] / [SEP].
     """
 
     sequence: ModelRow
     start: int
     stop: int
     offsets: np.ndarray
-    special: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +131,8 @@ def _windowed(
         n = stop - start
         offsets = np.zeros((before + n + after, 2), dtype=np.int64)
         offsets[before : before + n] = text_tokens.offsets[start:stop]
-        special = np.ones(before + n + after, dtype=bool)
-        special[before : before + n] = False
         seq = row(layout, text_tokens.ids[start:stop])
-        out.append(
-            TextWindow(sequence=seq, start=start, stop=stop, offsets=offsets, special=special)
-        )
+        out.append(TextWindow(sequence=seq, start=start, stop=stop, offsets=offsets))
     return WindowedText(text=text, tokens=text_tokens, windows=out)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from heads.package import read_package
 from heads.rows import load_package_tokenizer, windows
@@ -80,3 +82,41 @@ def test_the_requests_stride_cuts_the_windows(stride: int | None) -> None:
     used = ner.default_stride(pkg.max_seq_length) if stride is None else stride
     assert len(rows) == len(windows(n, pkg.max_seq_length - 2, used)) > 1
     assert job.windowed == 1
+
+
+@pytest.mark.parametrize("stride", range(14))  # every stride a room of 14 allows
+def test_each_token_is_read_from_the_window_with_the_most_context_around_it(
+    toy_tokenizer: Tokenizer, stride: int
+) -> None:
+    """Counted here by brute force: a token's context in a window is its distance to the
+    nearer cut (a text edge is no cut), and the earlier window wins a tie."""
+    text = " ".join(["the cats sat in new york city"] * 6)  # 48 tokens
+    prepared = ner.preprocess(toy_tokenizer, text, max_seq_length=16, stride=stride)
+    n = len(prepared.tokens)
+    # window k's logits say k: its label probabilities tell which window a token was read from
+    outputs = [
+        {"logits": np.tile(np.float32([k, 0.0]), (len(w.sequence), 1))}
+        for k, w in enumerate(prepared.windows)
+    ]
+    probs = ner.token_scores(prepared, outputs)
+    chosen = np.log(probs[:, 0] / probs[:, 1]).round().astype(int).tolist()
+    inf = float("inf")
+    want = []
+    for p in range(n):
+        context = [
+            (min(inf if w.start == 0 else p - w.start, inf if w.stop == n else w.stop - 1 - p), -k)
+            for k, w in enumerate(prepared.windows)
+            if w.start <= p < w.stop
+        ]
+        want.append(-max(context)[1])
+    assert chosen == want
+    assert len(set(chosen)) == len(prepared.windows)  # every window gives some tokens
+
+
+def test_outputs_that_do_not_fit_the_windows_or_labels_are_named(toy_tokenizer: Tokenizer) -> None:
+    prepared = ner.preprocess(toy_tokenizer, "the cat sat", max_seq_length=16, stride=0)
+    row = {"logits": np.zeros((len(prepared.windows[0].sequence), 3), np.float32)}
+    with pytest.raises(ValueError, match=r"^2 outputs for 1 windows$"):
+        ner.postprocess(prepared, [row, row], ["O", "B-PER", "I-PER"])
+    with pytest.raises(ValueError, match=r"^logits have 3 classes for 2 labels$"):
+        ner.postprocess(prepared, [row], ["O", "B-PER"])

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from heads.package import ModelPackage, read_package
 from heads.tasks import qa
-from tests.families import family_package
+from tests.families import family_checkpoint, family_package
 from tests.heads.tasks.conftest import as_lists, forward, refused, repo_squad_pairs
 from tests.heads.tasks.served import run_job
 
@@ -190,3 +190,52 @@ def test_with_no_options_the_windows_and_answers_are_the_pipelines(
         theirs = pipe(question=question, context=context)
         assert [(a["start"], a["end"]) for a in ours] == [(theirs["start"], theirs["end"])]
         assert ours[0]["score"] == pytest.approx(theirs["score"], abs=1e-4)
+
+
+def test_a_job_with_no_options_answers_as_the_pipeline_with_none(squad: ModelPackage) -> None:
+    """The Job's defaults, run: one answer (not a list), 15 tokens at most, no null answer,
+    windows of the package's max_seq_length sharing half (the pipeline caps both by the
+    tokenizer's model_max_length, the package's window)."""
+    pytest.importorskip("transformers")
+    from transformers import pipeline
+
+    pipe = pipeline(
+        "question-answering", model=str(family_checkpoint("bert", "question-answering"))
+    )
+    assert pipe.tokenizer.model_max_length == squad.max_seq_length
+    found = repo_squad_pairs(30)
+    contexts = [" ".join(c for _, c in found[k : k + 3]) for k in range(len(found))]
+    pairs = [(q, c) for (q, _), c in zip(found, contexts, strict=True)]  # windows of 128
+    job = qa.Job(squad, pairs)
+    ours = run_job(squad, job)
+    assert job.windowed >= 10  # most contexts are several windows long
+    for (question, context), answer in zip(pairs, ours, strict=True):
+        theirs = pipe(question=question, context=context)
+        assert isinstance(answer, dict), answer
+        assert (answer["start"], answer["end"]) == (theirs["start"], theirs["end"]), question
+        assert answer["score"] == pytest.approx(theirs["score"], abs=1e-4)
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_without_word_alignment_the_answers_are_the_pipelines(
+    tok_repo: Tokenizer, hf_repo: Any, tiny_model: Any, top_k: int
+) -> None:
+    """align_to_words=False: token spans as they are, top_k per window (no margin), and the
+    same text from two windows still adds up, as in the pipeline."""
+    pytest.importorskip("transformers")
+    from transformers import pipeline
+
+    model = tiny_model("BertForQuestionAnswering", len(hf_repo), seed=2)
+    pipe = pipeline("question-answering", model=model, tokenizer=hf_repo)
+    compared = 0
+    for question, context in repo_squad_pairs(40):
+        prepared = qa.preprocess(tok_repo, question, context, max_seq_length=48, stride=24)
+        outputs = [forward(model, s) for s in prepared.sequences]
+        ours = qa.postprocess(prepared, outputs, top_k, align_to_words=False)
+        theirs = pipe(question=question, context=context, top_k=top_k, align_to_words=False,
+                      max_seq_len=48, doc_stride=24)  # fmt: skip
+        theirs = theirs if isinstance(theirs, list) else [theirs]
+        assert [(a["start"], a["end"]) for a in ours] == [(a["start"], a["end"]) for a in theirs]
+        assert [a["score"] for a in ours] == pytest.approx([a["score"] for a in theirs], abs=1e-4)
+        compared += prepared.windowed
+    assert compared >= 20
