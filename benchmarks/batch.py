@@ -123,12 +123,18 @@ def high_water_kib(pid: int) -> int:
 
 
 def batch_args(
-    package: Path, variant: str, threads: int, source: Path, out: Path, part: int | None = None
+    package: Path,
+    variant: str,
+    threads: int,
+    source: Path,
+    out: Path,
+    part: int | None = None,
+    task: str = "embed",
 ) -> list[str]:
     """The command's arguments; `part` rows a part (default: a tenth of the rows, at most
     PART_ROWS, so that the resume check has ten parts to stop in)."""
     part = part or part_rows(pq.read_metadata(source).num_rows)
-    return ["embed", "--model-dir", str(package.parent), "--model", package.name,
+    return [task, "--model-dir", str(package.parent), "--model", package.name,
             "--variant", variant, "--intra-op-threads", str(threads), "--input", str(source),
             "--text-column", "sentence", "--output", str(out), "--part-rows", str(part),
             "--quiet", "--overwrite", *SPIN]  # fmt: skip

@@ -185,6 +185,15 @@ def test_a_tokenizer_that_cannot_encode_a_letter_is_refused(known: tuple[str, ..
         template(tok)
 
 
+def test_a_tokenizer_that_knows_only_a_and_b_is_read():
+    """The probes are "a" and "b" as written: a vocabulary of those two letters is enough."""
+    tok = Tokenizer(BPE({"[CLS]": 0, "[SEP]": 1, "a": 2, "b": 3}, []))
+    tok.post_processor = processors.BertProcessing(("[SEP]", 1), ("[CLS]", 0))
+    layout = template(tok)
+    assert row(layout, [2], [3]).input_ids.tolist() == [0, 2, 1, 3, 1]
+    assert row(layout, [2], [3]).token_type_ids.tolist() == [0, 0, 0, 1, 1]
+
+
 class _Processed:
     """A stand-in post-processor answer: the layouts `tokenizers` cannot be made to produce
     (a template that drops or interleaves the texts), to check they are refused."""
