@@ -215,9 +215,9 @@ def decode_spans(
     s_idx, e_idx = s_idx[keep], e_idx[keep]
     scores = start_probs[s_idx] * end_probs[e_idx]
     if top_k < len(scores):
-        # The top_k, the earliest spans first among those tied with the k-th best (a plain
-        # argpartition picks any of them), in row-major order, so the stable sort breaks ties
-        # as the pipeline's argmax does: the earliest span wins.
+        # Keep every span above the k-th best score, then the earliest of those tied with it
+        # (argpartition alone keeps any of them). Kept in row-major order, the stable sort
+        # then breaks ties as the pipeline's argmax does: the earliest span wins.
         kth = np.partition(scores, len(scores) - top_k)[len(scores) - top_k]
         above = np.flatnonzero(scores > kth)
         part = np.union1d(above, np.flatnonzero(scores == kth)[: top_k - len(above)])
