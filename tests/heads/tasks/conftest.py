@@ -266,5 +266,17 @@ def refused(message: str, error: type[Exception] = InvalidInput) -> Any:
     return pytest.raises(error, match=f"^{re.escape(message)}$")
 
 
+def hf_windows(hf: Any, question: str, context: str, max_length: int, stride: int) -> Any:
+    """transformers' QA windows of a (question, context): the rows the pipeline runs."""
+    return hf(
+        question,
+        context,
+        truncation="only_second",
+        max_length=max_length,
+        stride=stride,
+        return_overflowing_tokens=True,
+    )
+
+
 def as_lists(seqs: list[ModelRow]) -> list[list[int]]:
     return [np.asarray(s.input_ids).tolist() for s in seqs]

@@ -12,7 +12,13 @@ from tokenizers import Tokenizer
 
 from heads.rows import InvalidInput, Outputs, encode
 from heads.tasks import qa
-from tests.heads.tasks.conftest import as_lists, forward, repo_squad_pairs, squad_pairs
+from tests.heads.tasks.conftest import (
+    as_lists,
+    forward,
+    hf_windows,
+    repo_squad_pairs,
+    squad_pairs,
+)
 
 CONTEXT = "the cats sat on the mat in new york city. paris is in france."
 
@@ -290,14 +296,7 @@ def test_same_answers_as_the_pipeline(
     n_windowed = 0
     for question, context in squad_pairs(shared_data, 50) + UNICODE_PAIRS:
         prepared = qa.preprocess(tok_uncased, question, context, max_seq_length=64, stride=16)
-        hf = hf_uncased(
-            question,
-            context,
-            truncation="only_second",
-            max_length=64,
-            stride=16,
-            return_overflowing_tokens=True,
-        )
+        hf = hf_windows(hf_uncased, question, context, 64, 16)
         assert as_lists(prepared.sequences) == hf["input_ids"]
         assert [s.token_type_ids.tolist() for s in prepared.sequences] == hf["token_type_ids"]
         n_windowed += prepared.windowed
@@ -342,14 +341,7 @@ def test_same_answers_as_the_pipeline_on_shipped_text(
     n_windowed = later = 0
     for question, context in repo_squad_pairs(70) + UNICODE_PAIRS:
         prepared = qa.preprocess(tok_repo, question, context, max_seq_length=64, stride=16)
-        hf = hf_repo(
-            question,
-            context,
-            truncation="only_second",
-            max_length=64,
-            stride=16,
-            return_overflowing_tokens=True,
-        )
+        hf = hf_windows(hf_repo, question, context, 64, 16)
         assert as_lists(prepared.sequences) == hf["input_ids"]
         n_windowed += prepared.windowed
         outputs = [forward(model, s) for s in prepared.sequences]

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from heads.package import ModelPackage, read_package
 from heads.tasks import qa
 from tests.families import family_checkpoint, family_package
-from tests.heads.tasks.conftest import as_lists, forward, refused, repo_squad_pairs
+from tests.heads.tasks.conftest import as_lists, forward, hf_windows, refused, repo_squad_pairs
 from tests.heads.tasks.served import run_job
 
 QUESTION = "where is the cat"
@@ -176,14 +176,7 @@ def test_with_no_options_the_windows_and_answers_are_the_pipelines(
     context = " ".join(c for _, c in pairs)  # several 384-token windows
     for question, _ in pairs[:4]:
         prepared = qa.preprocess(tok_repo, question, context)
-        hf = hf_repo(
-            question,
-            context,
-            truncation="only_second",
-            max_length=384,
-            stride=128,
-            return_overflowing_tokens=True,
-        )
+        hf = hf_windows(hf_repo, question, context, 384, 128)
         assert as_lists(prepared.sequences) == hf["input_ids"]
         assert prepared.windowed
         ours = qa.postprocess(prepared, [forward(model, s) for s in prepared.sequences])
