@@ -161,18 +161,31 @@ def batch_figure(run: dict[str, Any], rows: int) -> dict[str, Any]:
 
 
 def ceiling(package: Path, variant: str, threads: int, texts: list[str], budget: float) -> dict:
-    """ONNX Runtime alone on the sentences' rows, tokenized beforehand, length-sorted batches
-    of 32 and 64, in both layouts the service can run: one session on every thread, and
-    (on CPU, its default) one single-thread session per thread, all running at once, each on
-    its share of the batches (service.runtime's lanes). The best is the ceiling."""
+    """ONNX Runtime alone on the sentences' rows, tokenized beforehand (`best_layout`)."""
     pkg = read_package(package)
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
     rows = embed.preprocess(tokenizer, texts, pkg.max_seq_length).sequences
+    return best_layout(package, variant, threads, rows, budget)
+
+
+def best_layout(
+    package: Path,
+    variant: str,
+    threads: int,
+    rows: list[Any],
+    budget: float,
+    sizes: tuple[int, ...] = (32, 64),
+) -> dict:
+    """ONNX Runtime alone on `rows`, length-sorted batches of each of `sizes`, in both layouts
+    the service can run: one session on every thread, and (on CPU, its default) one
+    single-thread session per thread, all running at once, each on its share of the batches
+    (service.runtime's lanes). The best is the ceiling."""
+    path = read_package(package).variant_path(variant)
     spin = SPIN == ["--intra-op-spinning"]
-    one = _engine.open_session(pkg.variant_path(variant), threads, spin)
-    lanes = [_engine.open_session(pkg.variant_path(variant), 1, spin) for _ in range(threads)]
+    one = _engine.open_session(path, threads, spin)
+    lanes = [_engine.open_session(path, 1, spin) for _ in range(threads)]
     best: dict[str, Any] = {}
-    for size in (32, 64):
+    for size in sizes:
         for layout in ("one session", "lanes"):
             meter, cpu0 = CpuMeter(), time.process_time()
             if layout == "one session":

@@ -27,11 +27,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks import _engine
 from benchmarks._data import shared_data
 from benchmarks._machine import cpu_name
 from benchmarks._paths import REPO, shown, write_results
-from benchmarks.batch import at_once, batch_args, batch_figure, command, per_row
+from benchmarks.batch import batch_args, batch_figure, best_layout, command, per_row
 from benchmarks.serve import CpuMeter, log
 from heads.package import read_package
 from heads.rows import load_package_tokenizer
@@ -68,31 +67,15 @@ def pipeline_ner(checkpoint: Path, texts: list[str], threads: int) -> tuple[dict
 
 
 def ceiling(package: Path, variant: str, threads: int, texts: list[str], budget: float) -> dict:
-    """ONNX Runtime alone on the sentences' NER rows (the command's windows), length-sorted
-    batches of 32: one session on every thread, and one single-thread session per thread at
-    once (the service's CPU lanes); the better of the two."""
+    """ONNX Runtime alone on the sentences' NER rows (the command's windows), batches of 32
+    (benchmarks.batch.best_layout)."""
     pkg = read_package(package)
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
     stride = ner.default_stride(pkg.max_seq_length)
     rows = [
         r for t in texts for r in ner.preprocess(tokenizer, t, pkg.max_seq_length, stride).sequences
     ]
-    one = _engine.open_session(pkg.variant_path(variant), threads, False)
-    lanes = [_engine.open_session(pkg.variant_path(variant), 1, False) for _ in range(threads)]
-    best: dict[str, Any] = {}
-    for layout in ("one session", "lanes"):
-        cpu0 = time.process_time()
-        if layout == "one session":
-            r = _engine.throughput(one, rows, BATCH_SIZE, "sorted", budget)
-            rate = r["sequences_per_s"]
-            done = round(rate * r["batches"] * r["ms_per_batch"] / 1000)
-        else:
-            done, rate = at_once(lanes, rows, BATCH_SIZE, budget)
-        figure = {"rows_per_s": rate, "layout": layout,
-                  "cpu_ms_per_row": per_row(time.process_time() - cpu0, max(done, 1))}  # fmt: skip
-        if figure["rows_per_s"] > best.get("rows_per_s", 0):
-            best = figure
-    return best
+    return best_layout(package, variant, threads, rows, budget, sizes=(BATCH_SIZE,))
 
 
 def same_entities(ours: list[Any], theirs: list[Any]) -> dict[str, Any]:
