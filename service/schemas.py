@@ -18,7 +18,8 @@ Texts:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import dataclasses
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -33,6 +34,19 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonDict, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
+
+from heads.tasks import (
+    TaskOptions,
+    classify,
+    embed,
+    fill_mask,
+    ner,
+    qa,
+    rerank,
+    sparse,
+    tokenize,
+    zero_shot,
+)
 
 
 def _check_unicode(text: str, where: str = "text") -> str:
@@ -154,6 +168,20 @@ TruncationDirection = Annotated[
 ]
 
 
+class TaskBody(BaseModel):
+    """The body of a request for one task: `options()` are its task's options (OPTIONS, a
+    heads.tasks Options type) read from its fields of the same names; an option the body has
+    no field for keeps its default. The engine takes them as they are."""
+
+    OPTIONS: ClassVar[type[TaskOptions]]
+
+    def options(self, **fixed: Any) -> Any:
+        """The task options this body gives; `fixed`: the ones its endpoint sets itself."""
+        kind, own = type(self).OPTIONS, type(self).model_fields
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(kind) if f.name in own}
+        return kind(**{**given, **fixed})
+
+
 class _Body(BaseModel):
     # extra="forbid": a misspelt option is an error, not a default. strict: JSON types as the
     # schema says (no "3" for 3, no 0 for false), so a client's type mistake is not guessed at.
@@ -226,7 +254,9 @@ class _HfBody(_Body):
 # -- requests ----------------------------------------------------------------------------------
 
 
-class ClassifyRequest(_HfBody):
+class ClassifyRequest(_HfBody, TaskBody):
+    OPTIONS = classify.Options
+
     inputs: TextsOrPairs = Field(description="A text, a list of texts, or [a, b] pairs (NLI).")
     top_k: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = Field(
         default=1, description="Labels per input, best first; null = all."
@@ -241,7 +271,9 @@ class ClassifyRequest(_HfBody):
     model: ModelName = None
 
 
-class NerRequest(_HfBody):
+class NerRequest(_HfBody, TaskBody):
+    OPTIONS = ner.Options
+
     inputs: Texts
     aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = "simple"
     ignore_labels: list[Text] | None = Field(
@@ -288,7 +320,9 @@ _QA_FORMS: JsonDict = {
 }
 
 
-class QaRequest(_HfBody):
+class QaRequest(_HfBody, TaskBody):
+    OPTIONS = qa.Options
+
     model_config = ConfigDict(json_schema_extra=_QA_FORMS)
 
     question: QaText | None = None
@@ -341,7 +375,9 @@ class QaRequest(_HfBody):
         return self
 
 
-class EmbedRequest(_Body):
+class EmbedRequest(_Body, TaskBody):
+    OPTIONS = embed.Options
+
     inputs: Texts
     normalize: bool | None = Field(
         default=None, description="L2-normalise; default the package's choice (true)."
@@ -373,7 +409,9 @@ class EmbedRequest(_Body):
     model: ModelName = None
 
 
-class SparseEmbedRequest(_Body):
+class SparseEmbedRequest(_Body, TaskBody):
+    OPTIONS = sparse.Options
+
     inputs: Texts
     truncate: bool = Field(
         default=True, description="Cut inputs to the model window; false = 422 instead."
@@ -397,7 +435,9 @@ NonEmptyText = Annotated[Text, Field(json_schema_extra={"minLength": 1})]
 LabelList = Annotated[Text, Field(json_schema_extra={"pattern": "[^,\\s]"})]  # a label in it
 
 
-class FillMaskRequest(_HfBody):
+class FillMaskRequest(_HfBody, TaskBody):
+    OPTIONS = fill_mask.Options
+
     inputs: Texts = Field(description="Texts with the model's mask token ([MASK], <mask>).")
     top_k: JsonInt = Field(default=5, ge=1, le=1000, description="Fillers per mask, best first.")
     targets: NonEmptyText | Annotated[list[Text], Field(min_length=1)] | None = Field(
@@ -414,7 +454,9 @@ class Filler(BaseModel):
     sequence: str
 
 
-class ZeroShotRequest(_HfBody):
+class ZeroShotRequest(_HfBody, TaskBody):
+    OPTIONS = zero_shot.Options
+
     inputs: Texts
     candidate_labels: LabelList | Annotated[list[Text], Field(min_length=1)] = Field(
         description="The labels to choose from: a list, or one comma-separated string."
@@ -437,7 +479,9 @@ class ZeroShotAnswer(BaseModel):
     scores: list[float]
 
 
-class RerankRequest(_Body):
+class RerankRequest(_Body, TaskBody):
+    OPTIONS = rerank.Options
+
     query: Text
     texts: Annotated[list[Text], Field(min_length=1)] = Field(description="The documents.")
     truncate: bool = Field(
@@ -459,7 +503,9 @@ class RerankDocument(_Body):
     text: Text
 
 
-class OpenRerankRequest(BaseModel):
+class OpenRerankRequest(TaskBody):
+    OPTIONS = rerank.Options
+
     # Cohere / Jina / infinity clients send fields we have no use for
     model_config = ConfigDict(extra="ignore", strict=True)
     query: Text
@@ -472,9 +518,11 @@ class OpenRerankRequest(BaseModel):
     allow_single_text: AllowSingleText = False
 
 
-class CohereRerankRequest(BaseModel):
+class CohereRerankRequest(TaskBody):
     """Cohere's v2 rerank request (ClientV2.rerank): documents are strings, `model` is
     required by Cohere's API but optional here (the default reranker answers)."""
+
+    OPTIONS = rerank.Options
 
     model_config = ConfigDict(extra="ignore", strict=True)
     query: Text
@@ -496,7 +544,9 @@ class SimilarityInputs(_Body):
     sentences: Annotated[list[Text], Field(min_length=1)]
 
 
-class SimilarityParameters(_Body):
+class SimilarityParameters(_Body, TaskBody):
+    OPTIONS = embed.Options
+
     truncate: bool = Field(default=True, description="Cut texts longer than the window.")
     truncation_direction: TruncationDirection = "right"
     prompt_name: PromptName = None
@@ -510,7 +560,9 @@ class SimilarityRequest(_Body):
     model: ModelName = None
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Body, TaskBody):
+    OPTIONS = tokenize.TokenizeOptions
+
     inputs: Texts
     add_special_tokens: bool = Field(
         default=True, description="Put the model's special tokens ([CLS] ... [SEP]) around."
@@ -550,7 +602,9 @@ def _check_token_ids(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     return handler(value)
 
 
-class DecodeRequest(_Body):
+class DecodeRequest(_Body, TaskBody):
+    OPTIONS = tokenize.DecodeOptions
+
     ids: Annotated[
         TokenIds | Annotated[list[TokenIds], Field(min_length=1)], WrapValidator(_check_token_ids)
     ] = Field(description="Token ids, or a list of id lists.")
@@ -577,7 +631,9 @@ def _no_token_ids(value: Any) -> Any:
     return value
 
 
-class OpenAIEmbeddingRequest(BaseModel):
+class OpenAIEmbeddingRequest(TaskBody):
+    OPTIONS = embed.Options
+
     # OpenAI clients send fields we have no use for
     model_config = ConfigDict(extra="ignore", strict=True)
     input: Annotated[Texts, BeforeValidator(_no_token_ids)]

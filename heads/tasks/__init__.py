@@ -4,8 +4,10 @@ them. Both are plain functions over `tokenizers` encodings and numpy arrays (row
 outputs are `heads.rows` types), so `training.evaluate` scores exactly what the service
 answers.
 
-The service runs them as a `Job`, one per request, built by the route from the request's
-options and the package: the batcher encodes the texts of the jobs that arrived together
+Each task's request options are one frozen dataclass, its module's `Options` (a
+`TaskOptions`): the HTTP body's field names and defaults (service.schemas checks the bodies
+against them), which the engine, the batch command and v2's parameters pass as they are.
+`options.job(package, inputs)` makes the service's `Job`, one per request: the batcher encodes the texts of the jobs that arrived together
 (`encode_batch`, Rust, off the GIL; on the event loop when they are short, see
 service.batcher.INLINE_CHARS), asks each job for its rows, and, once a job's last row has run,
 for its answer.
@@ -13,10 +15,12 @@ for its answer.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from tokenizers import Encoding, Tokenizer
 
+from heads.package import ModelPackage
 from heads.rows import ModelRow, Outputs
 
 
@@ -46,3 +50,22 @@ class Job(Protocol):
 def one_by_one(jobs: list[Any], outputs: list[list[Outputs]]) -> list[Any]:
     """`answer_many` for a task with nothing to share between jobs: each job's own answer."""
     return [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskOptions:
+    """One request's options for one task, and which packages answer it. Each task module's
+    `Options` declares its fields (the HTTP body's names and defaults) and its `job`."""
+
+    task: ClassVar[str | None] = None  # the package task that answers it; None: any package
+    use: ClassVar[str | None] = None  # the request task when it is not `task` (REQUEST_TASKS)
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        """The Job that answers `inputs` with `package`; InvalidInput for an option the package
+        cannot serve (checked before any compute)."""
+        raise NotImplementedError
+
+    def sized(self, inputs: list[Any]) -> dict[str, list[Any]]:
+        """What the size limits count (max_client_batch_size, max_text_chars), by the name the
+        request gives it."""
+        return {"inputs": inputs}

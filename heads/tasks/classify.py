@@ -21,6 +21,7 @@ labels come sorted by score, best first. Differences, on purpose:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from heads.rows import (
     template,
     text_rows,
 )
+from heads.tasks import TaskOptions
 
 __all__ = ["FUNCTIONS", "Job", "default_function", "postprocess", "preprocess"]
 
@@ -123,6 +125,22 @@ def _ranked(scores: np.ndarray, labels: list[str], top_k: int | None) -> list[li
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/classify's options: top_k labels per input (None: all), the scoring function (None:
+    the problem type's), and what to do with an input over the window."""
+
+    task = "classification"
+
+    top_k: int | None = 1
+    function_to_apply: str | None = None
+    truncate: bool = True
+    truncation_direction: str = "right"
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job:
     """One /classify request for a model's batcher: inputs -> one row each -> per input a list
     of {"label", "score"} (`postprocess`)."""
@@ -133,20 +151,18 @@ class Job:
         self,
         package: ModelPackage,
         inputs: list[str] | list[TextInput],
-        *,
-        top_k: int | None = 1,
-        function_to_apply: str | None = None,
-        truncate: bool = True,
-        truncation_direction: str = "right",
+        options: Options = Options(),
     ) -> None:
         self.inputs, self.texts = inputs, flatten(inputs)
-        self.direction = truncation_direction
+        self.direction = options.truncation_direction
         self.labels = package.labels or []
         self.problem_type = package.problem_type or "single_label"
         self.max_seq_length = package.max_seq_length
-        self.top_k, self.truncate = top_k, truncate
+        self.top_k, self.truncate = options.top_k, options.truncate
         # checked here, so a bad option is a 422 before any compute
-        self.function = _function(self.problem_type, len(self.labels), function_to_apply, top_k)
+        self.function = _function(
+            self.problem_type, len(self.labels), options.function_to_apply, options.top_k
+        )
         self.truncated = 0
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:

@@ -38,6 +38,7 @@ from heads.rows import (
     template,
     text_rows,
 )
+from heads.tasks import TaskOptions
 
 __all__ = [
     "EPS",
@@ -235,34 +236,51 @@ class TextRows:
         return encoded.sequences
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/embed's options: normalise (None: as the package does), truncate or refuse an input
+    over the window (cut from `truncation_direction`), the hidden states to pool instead of
+    the package's own output (`layers`, `pooling`, `combine`: `features`), the prompt (None:
+    the package's default one), and the first `dimensions` values (Matryoshka)."""
+
+    task = "embedding"
+
+    normalize: bool | None = None
+    truncate: bool = True
+    layers: list[int] | None = None
+    pooling: str | None = None
+    combine: str = "concat"
+    prompt_name: str | None = None
+    truncation_direction: str = "right"
+    dimensions: int | None = None
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job(TextRows):
     """One /embed or /v1/embeddings request for a model's batcher: texts -> one row each ->
     (N, H) float32 vectors ((N, F) with layer `features`)."""
 
     def __init__(
-        self,
-        package: ModelPackage,
-        texts: list[str],
-        *,
-        normalize: bool | None = None,
-        truncate: bool = True,
-        features: Features | None = None,
-        prompt: str = "",
-        truncation_direction: str = "right",
-        dimensions: int | None = None,
+        self, package: ModelPackage, texts: list[str], options: Options = Options()
     ) -> None:
+        o = options
+        self.features = features(package, o.layers, o.pooling, o.combine)
+        start = prompt(package, o.prompt_name)
         if package.sparse:
             raise InvalidInput(
                 f"model {package.name!r} answers sparse embeddings (pooling {package.pooling}): "
                 "ask POST /embed_sparse"
             )
-        super().__init__(package, texts, truncate, prompt, truncation_direction)
-        self.dimensions = dimensions
-        width = embedding_width(package) if dimensions is not None and features is None else None
+        super().__init__(package, texts, o.truncate, start, o.truncation_direction)
+        self.dimensions = o.dimensions
+        width = (
+            embedding_width(package) if o.dimensions is not None and self.features is None else None
+        )
         if width is not None:  # a bad `dimensions` is a 422 before any compute
-            shorten(np.zeros((0, width), dtype=np.float32), dimensions)
-        self.normalize = package.normalize if normalize is None else normalize
-        self.features = features
+            shorten(np.zeros((0, width), dtype=np.float32), o.dimensions)
+        self.normalize = package.normalize if o.normalize is None else o.normalize
 
     def answer(self, outputs: list[Outputs]) -> np.ndarray:
         if self.features is None:

@@ -34,6 +34,7 @@ without the mask token, or a package without one, is an InvalidInput.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
 from heads.rows import InvalidInput, ModelRow, Outputs, guess_pad_id, row, template
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, one_by_one
 
 __all__ = ["TOP_K", "Job", "clean_up", "postprocess", "preprocess", "target_ids"]
 
@@ -187,6 +188,20 @@ def postprocess(
     return answers
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/fill-mask's options, the fill-mask pipeline's names: fillers per mask, and the words
+    they are chosen from (None: the whole vocabulary)."""
+
+    task = "fill-mask"
+
+    top_k: int = TOP_K
+    targets: str | list[str] | None = None
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job:
     """One fill-mask request for a model's batcher: texts -> one row each -> per text the
     top_k fillers of its blank (a list), or of each of its blanks (a list of lists)."""
@@ -198,10 +213,9 @@ class Job:
         self,
         package: ModelPackage,
         texts: list[str],
-        *,
-        top_k: int = TOP_K,
-        targets: str | list[str] | None = None,
+        options: Options = Options(),
     ) -> None:
+        top_k, targets = options.top_k, options.targets
         # checked here, so a bad option is a 422 before any compute
         _check_texts(texts)
         if package.mask_token is None:

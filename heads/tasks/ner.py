@@ -49,12 +49,12 @@ from heads.rows import (
     tokens,
     windows,
 )
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, one_by_one
 
 __all__ = [
     "STRATEGIES",
     "Job",
-    "TextWindow",
+    "Window",
     "WindowedText",
     "default_stride",
     "postprocess",
@@ -66,7 +66,7 @@ STRATEGIES = ("none", "simple", "first", "average", "max")
 
 
 @dataclass(frozen=True, slots=True)
-class TextWindow:
+class Window:
     """One model row over text tokens [start, stop).
 
     offsets (L, 2): character offsets of each row position, (0, 0) on [CLS] / [SEP].
@@ -84,7 +84,7 @@ class WindowedText:
 
     text: str
     tokens: Tokens
-    windows: list[TextWindow]
+    windows: list[Window]
 
     @property
     def sequences(self) -> list[ModelRow]:
@@ -132,7 +132,7 @@ def _windowed(
         offsets = np.zeros((before + n + after, 2), dtype=np.int64)
         offsets[before : before + n] = text_tokens.offsets[start:stop]
         seq = row(layout, text_tokens.ids[start:stop])
-        out.append(TextWindow(sequence=seq, start=start, stop=stop, offsets=offsets))
+        out.append(Window(sequence=seq, start=start, stop=stop, offsets=offsets))
     return WindowedText(text=text, tokens=text_tokens, windows=out)
 
 
@@ -308,6 +308,22 @@ def _simple(
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/ner's options, the token-classification pipeline's names: how tokens are grouped
+    into entities, which labels are left out (None: "O"), and the tokens consecutive windows
+    of a long text share (None: default_stride)."""
+
+    task = "token-classification"
+
+    aggregation_strategy: str = "simple"
+    ignore_labels: list[str] | None = None
+    stride: int | None = None
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job:
     """One /ner request for a model's batcher: texts -> windows (rows) -> per text a list of
     entities (`postprocess`)."""
@@ -315,20 +331,15 @@ class Job:
     truncated = 0
 
     def __init__(
-        self,
-        package: ModelPackage,
-        texts: list[str],
-        *,
-        aggregation_strategy: str = "simple",
-        ignore_labels: list[str] | None = None,
-        stride: int | None = None,
+        self, package: ModelPackage, texts: list[str], options: Options = Options()
     ) -> None:
         self.texts = texts
         self.labels = package.labels or []
         self.max_seq_length = package.max_seq_length
+        stride = options.stride
         self.stride = default_stride(self.max_seq_length) if stride is None else stride
         check_stride(self.stride, self.max_seq_length)  # a 422 before any compute
-        self.strategy, self.ignore_labels = aggregation_strategy, ignore_labels
+        self.strategy, self.ignore_labels = options.aggregation_strategy, options.ignore_labels
         self.windowed = 0
         self._texts: list[WindowedText] = []
 

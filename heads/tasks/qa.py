@@ -49,11 +49,11 @@ from heads.rows import (
     tokens,
     windows,
 )
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, one_by_one
 
 __all__ = [
     "Job",
-    "ContextWindow",
+    "Window",
     "WindowedContext",
     "decode_spans",
     "default_stride",
@@ -67,7 +67,7 @@ _MASKED = -10000.0
 
 
 @dataclass(frozen=True, slots=True)
-class ContextWindow:
+class Window:
     """One model row; its context tokens sit at row positions [context_start, context_start + n).
 
     offsets (n, 2): character offsets of those tokens in the context;
@@ -86,7 +86,7 @@ class WindowedContext:
     """A context and the windows (model rows) that cover it, each beside the question."""
 
     context: str
-    windows: list[ContextWindow]
+    windows: list[Window]
 
     @property
     def sequences(self) -> list[ModelRow]:
@@ -169,7 +169,7 @@ def _windowed(
     for start, stop in windows(len(c), room, stride):
         offsets = c.offsets[start:stop]
         out.append(
-            ContextWindow(
+            Window(
                 sequence=row(template(tokenizer), q.ids, c.ids[start:stop]),
                 context_start=len(layout.prefix) + len(q) + len(layout.middle),
                 offsets=offsets,
@@ -274,6 +274,24 @@ def postprocess(
     return sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/qa's options, the question-answering pipeline's names: answers per pair, the longest
+    answer in tokens, the window (at most the package's) and the tokens consecutive windows
+    share (None: default_stride), and whether "no answer" may win."""
+
+    task = "question-answering"
+
+    top_k: int = 1
+    max_answer_len: int = 15
+    max_seq_len: int = 384
+    doc_stride: int | None = None
+    handle_impossible_answer: bool = False
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job:
     """One /qa request for a model's batcher: (question, context) pairs -> windows (rows) ->
     per pair its best span, or None when the context has none; a list of up to top_k spans
@@ -282,22 +300,15 @@ class Job:
     truncated = 0
 
     def __init__(
-        self,
-        package: ModelPackage,
-        pairs: list[tuple[str, str]],
-        *,
-        top_k: int = 1,
-        max_answer_len: int = 15,
-        max_seq_length: int = 384,
-        stride: int | None = None,
-        handle_impossible_answer: bool = False,
+        self, package: ModelPackage, pairs: list[tuple[str, str]], options: Options = Options()
     ) -> None:
         self.contexts = [context for _, context in pairs]
         self.texts = [text for pair in pairs for text in pair]
-        self.max_seq_length = min(max_seq_length, package.max_seq_length)
+        self.max_seq_length = min(options.max_seq_len, package.max_seq_length)
+        stride = options.doc_stride
         self.stride = default_stride(self.max_seq_length) if stride is None else stride
-        self.top_k, self.max_answer_len = top_k, max_answer_len
-        self.handle_impossible_answer = handle_impossible_answer
+        self.top_k, self.max_answer_len = options.top_k, options.max_answer_len
+        self.handle_impossible_answer = options.handle_impossible_answer
         self.windowed = 0
         self._contexts: list[WindowedContext] = []
 

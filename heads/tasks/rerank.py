@@ -38,7 +38,7 @@ from heads.rows import (
     text_rows,
     windows,
 )
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, one_by_one
 from heads.tasks.qa import default_stride
 
 __all__ = ["Job", "scores"]
@@ -57,9 +57,39 @@ def scores(logits: np.ndarray, raw: bool) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
-class _Window:
+class Window:
+    """Where a windowed document's best window lies, as its answer names it."""
+
     start: int  # character offsets of the window's tokens in the document
     end: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """A rerank request's query and options: raw logits instead of relevance scores, truncate
+    a long document instead of scoring it by windows (cut from `truncation_direction`), the
+    best `top_n` only, each document's first `max_tokens_per_doc` tokens only (Cohere's), and
+    a single-text classifier allowed (service.selection). `stride`: the document tokens
+    consecutive windows share (None: qa.default_stride); no HTTP body sets it."""
+
+    task = "classification"
+    use = "rerank"
+
+    query: str
+    raw_scores: bool = False
+    truncate: bool = False
+    truncation_direction: str = "right"
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    allow_single_text: bool = False
+    stride: int | None = None
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+    def sized(self, inputs: list[Any]) -> dict[str, list[Any]]:
+        # a row each, sized as the (query, document) pair it is; the query is never counted
+        return {"documents": [(self.query, document) for document in inputs]}
 
 
 class Job:
@@ -67,19 +97,10 @@ class Job:
     per document `{index, score}` (and `window` when the document was windowed), best first,
     at most `top_n`."""
 
-    def __init__(
-        self,
-        package: ModelPackage,
-        query: str,
-        documents: list[str],
-        *,
-        raw_scores: bool = False,
-        truncate: bool = False,
-        truncation_direction: str = "right",
-        top_n: int | None = None,
-        stride: int | None = None,
-        max_tokens_per_doc: int | None = None,
-    ) -> None:
+    def __init__(self, package: ModelPackage, documents: list[str], options: Options) -> None:
+        query, raw_scores, truncate = options.query, options.raw_scores, options.truncate
+        truncation_direction, top_n = options.truncation_direction, options.top_n
+        stride, max_tokens_per_doc = options.stride, options.max_tokens_per_doc
         n_labels = len(package.labels or [])
         if n_labels not in (1, 2):
             raise InvalidInput(
@@ -95,7 +116,7 @@ class Job:
         self.top_n, self.stride = top_n, stride
         self.max_tokens_per_doc = max_tokens_per_doc  # Cohere's: a document's first N tokens
         self.truncated = self.windowed = self.tokens = 0
-        self.spans: list[_Window | None] = []  # per row: its window, None when not windowed
+        self.spans: list[Window | None] = []  # per row: its window, None when not windowed
         self.bounds: list[int] = []  # document i's rows are [bounds[i], bounds[i + 1])
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
@@ -134,14 +155,14 @@ class Job:
                     self.spans.append(None)
                 else:
                     chars = d.offsets[start:stop]
-                    self.spans.append(_Window(chars[0][0], chars[-1][1]))
+                    self.spans.append(Window(chars[0][0], chars[-1][1]))
             self.bounds.append(len(sequences))
         self.tokens = sum(len(r) for r in sequences)
         return sequences
 
     def answer(self, outputs: list[Outputs]) -> list[dict[str, Any]]:
         relevance = scores(np.stack([out["logits"] for out in outputs]), self.raw)
-        best: list[tuple[float, _Window | None]] = []
+        best: list[tuple[float, Window | None]] = []
         for first, end in zip(self.bounds, self.bounds[1:], strict=False):
             k = first + int(np.argmax(relevance[first:end]))  # MaxP: the best window
             best.append((float(relevance[k]), self.spans[k]))

@@ -18,12 +18,15 @@ are dot products).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
 from heads.rows import InvalidInput, ModelRow, Outputs
-from heads.tasks import embed
+from heads.tasks import TaskOptions, embed
 
 __all__ = ["Job", "postprocess"]
 
@@ -54,27 +57,39 @@ def postprocess(vectors: np.ndarray, tokenizer: Tokenizer | None = None) -> list
     return answers
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """/embed_sparse's options: truncate or refuse an input over the window (cut from
+    `truncation_direction`), each entry's token string (`return_tokens`), and the prompt
+    (None: the package's default one)."""
+
+    task = "embedding"
+    use = "sparse-embedding"
+
+    truncate: bool = True
+    return_tokens: bool = False
+    prompt_name: str | None = None
+    truncation_direction: str = "right"
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+
 class Job(embed.TextRows):
     """One sparse-embedding request for a model's batcher: texts -> one row each (embed's
-    rows) -> per text its non-zero {"index", "value"} (and "token" with `with_tokens`)."""
+    rows) -> per text its non-zero {"index", "value"} (and "token" with `return_tokens`)."""
 
     def __init__(
-        self,
-        package: ModelPackage,
-        texts: list[str],
-        *,
-        truncate: bool = True,
-        with_tokens: bool = False,
-        prompt: str = "",
-        truncation_direction: str = "right",
+        self, package: ModelPackage, texts: list[str], options: Options = Options()
     ) -> None:
+        start = embed.prompt(package, options.prompt_name)
         if not package.sparse:
             raise InvalidInput(
                 f"model {package.name!r} answers dense embeddings (pooling {package.pooling}), "
                 "not sparse ones"
             )
-        super().__init__(package, texts, truncate, prompt, truncation_direction)
-        self.with_tokens = with_tokens
+        super().__init__(package, texts, options.truncate, start, options.truncation_direction)
+        self.with_tokens = options.return_tokens
         self.tokenizer: Tokenizer | None = None  # set by rows() when the tokens are asked for
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:

@@ -15,14 +15,49 @@ job makes no rows, so the model does not run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Encoding, Tokenizer
 
+from heads.package import ModelPackage
 from heads.rows import InvalidInput, ModelRow, Outputs, template
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, embed, one_by_one
 
-__all__ = ["DecodeJob", "TokenizeJob", "decode", "tokens_of"]
+__all__ = [
+    "DecodeJob",
+    "DecodeOptions",
+    "TokenizeJob",
+    "TokenizeOptions",
+    "decode",
+    "tokens_of",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeOptions(TaskOptions):
+    """/tokenize's options: with the special tokens, and an embedding package's prompt first
+    (None: no prompt; any package answers)."""
+
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> TokenizeJob:
+        name = self.prompt_name
+        prompt = embed.prompt(package, name) if name is not None else ""
+        return TokenizeJob(inputs, add_special_tokens=self.add_special_tokens, prompt=prompt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeOptions(TaskOptions):
+    """/decode's option: leave the special tokens out (any package answers)."""
+
+    skip_special_tokens: bool = True
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> DecodeJob:
+        return DecodeJob(
+            [list(ids) for ids in inputs], skip_special_tokens=self.skip_special_tokens
+        )
 
 
 def _token(tokenizer: Tokenizer, token_id: int) -> dict[str, Any]:

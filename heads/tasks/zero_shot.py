@@ -18,6 +18,7 @@ reads the last logit), and so is a template that does not take the label.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from tokenizers import Encoding, Tokenizer
 
 from heads.package import ModelPackage
 from heads.rows import InvalidInput, ModelRow, Outputs, row, template
-from heads.tasks import one_by_one
+from heads.tasks import TaskOptions, one_by_one
 
 __all__ = ["DEFAULT_TEMPLATE", "Job", "entailment_id", "hypotheses", "is_nli"]
 
@@ -70,21 +71,45 @@ def hypotheses(labels: list[str], hypothesis_template: str) -> list[str]:
     return made
 
 
+@dataclass(frozen=True, kw_only=True)
+class Options(TaskOptions):
+    """A zero-shot request's labels (a list, or the pipeline's comma-separated text) and
+    options, the zero-shot-classification pipeline's names; `allow_single_text`: a
+    single-text classifier allowed (service.selection)."""
+
+    task = "classification"
+    use = "zero-shot"
+
+    candidate_labels: list[str] | str
+    hypothesis_template: str = DEFAULT_TEMPLATE
+    multi_label: bool = False
+    allow_single_text: bool = False
+
+    @property
+    def labels(self) -> list[str]:
+        """The candidate labels as a list: a text is split at its commas, as the pipeline
+        splits it."""
+        labels = self.candidate_labels
+        if isinstance(labels, str):
+            return [label.strip() for label in labels.split(",") if label.strip()]
+        return list(labels)
+
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+        return Job(package, inputs, self)
+
+    def sized(self, inputs: list[Any]) -> dict[str, list[Any]]:
+        return {"inputs": inputs, "candidate_labels": self.labels}
+
+
 class Job:
     """One /zero-shot request for an NLI classification package's batcher: per text one row
     per candidate label; per text `{sequence, labels, scores}`, best first."""
 
     windowed = 0
 
-    def __init__(
-        self,
-        package: ModelPackage,
-        sequences: list[str],
-        candidate_labels: list[str],
-        *,
-        hypothesis_template: str = DEFAULT_TEMPLATE,
-        multi_label: bool = False,
-    ) -> None:
+    def __init__(self, package: ModelPackage, sequences: list[str], options: Options) -> None:
+        candidate_labels = options.labels
+        hypothesis_template, multi_label = options.hypothesis_template, options.multi_label
         if not candidate_labels:
             raise InvalidInput("candidate_labels is empty; send at least one label")
         self.entailment = entailment_id(package)

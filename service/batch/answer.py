@@ -63,14 +63,13 @@ async def answer_rows(
     """The answers of `rows` (None: a row already refused, which stays None). `slots`: one
     is held per call in flight, shared by every window running at once."""
     out = Answers([None] * len(rows))
-    kwargs = {**options, "model": model}
     live = sorted((i for i, r in enumerate(rows) if r is not None), key=lambda i: length(rows[i]))  # type: ignore[arg-type]
     size = 1 if task.per_row else chunk
 
     async def one(indices: list[int]) -> None:
         try:
             batch = [rows[i] for i in indices]
-            answers = await task.call(engine, batch, {**kwargs, "call": alone(engine)})  # type: ignore[arg-type]
+            answers = await task.answer(engine, batch, options, model, alone(engine))  # type: ignore[arg-type]
         except ROW_ERRORS as exc:
             if len(indices) == 1:
                 out.errors[indices[0]] = error_of(exc)

@@ -217,7 +217,7 @@ async def probe(engine: Engine, plan: Plan) -> int:
                  if e.model is not None and e.name == (plan.model or e.name)]  # fmt: skip
         row["text"] = next((m for m in masks if m), "a")
     try:
-        [answer] = await plan.task.call(engine, [row], {**plan.options, "model": plan.model})
+        [answer] = await plan.task.answer(engine, [row], plan.options, plan.model)
     except (*ROW_ERRORS, ServiceError) as e:  # not this text's fault: the options' or the model's
         raise RunError(f"{plan.task.endpoint} with these options: {error_of(e)[0]}") from None
     return len(answer) if plan.task.name == "embed" else 0

@@ -1,7 +1,8 @@
-"""What each task reads from a row, which engine call answers it, and the Arrow type its answer
-is written as. The options are the endpoint's own: each task names its request body
-(service.schemas), whose fields the engine method also takes become the command's flags, and
-`options()` validates them with that body, so defaults, bounds and messages are the server's.
+"""What each task reads from a row, the engine inputs it makes of rows, and the Arrow type its
+answer is written as. The options are the endpoint's own: each task names its request body
+(service.schemas), whose fields that are task options (heads.tasks) become the command's flags,
+and `options()` validates them with that body, so defaults, bounds and messages are the
+server's; `answer()` asks the engine with them as the endpoint does.
 
 | task         | endpoint      | columns (flag: default)                       | answer column (Arrow)     |
 |--------------|---------------|-----------------------------------------------|---------------------------|
@@ -21,17 +22,17 @@ rerank row whose documents cell is one text is ranked as the list of that one do
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from service import schemas
-from service.engine import Engine
+from service.engine import Call, Engine
 
 # What one row holds, by role (text, pair, question, context, query, documents).
 Row = dict[str, Any]
@@ -51,30 +52,42 @@ class Column:
 class Task:
     name: str  # the command's name of it
     endpoint: str
-    method: str  # the Engine method
-    request: type[BaseModel]  # the endpoint's body: the options' types, defaults and checks
+    request: type[schemas.TaskBody]  # the endpoint's body: the options' types, defaults, checks
     placeholder: dict[str, Any]  # the body's inputs, for validating options alone
     columns: tuple[Column, ...]
     output: str  # the answer column's default name
-    call: Callable[[Engine, list[Row], dict[str, Any]], Awaitable[list[Any]]]
+    inputs: Callable[[list[Row]], list[Any]]  # the engine's inputs for rows
     arrow: Callable[[dict[str, Any], int], pa.DataType]  # (options, embedding size) -> type
     per_row: bool = False  # one engine call per row (rerank: each row has its own query)
 
     def option_fields(self) -> list[str]:
-        """The body's fields the engine method takes too, less the inputs and the model."""
-        taken = inspect.signature(getattr(Engine, self.method)).parameters
-        skip = {"model", "call", *self.placeholder}
-        return [f for f in self.request.model_fields if f in taken and f not in skip]
+        """The body's fields that are task options (heads.tasks), less the inputs."""
+        taken = {f.name for f in dataclasses.fields(self.request.OPTIONS)}
+        return [f for f in self.request.model_fields if f in taken and f not in self.placeholder]
 
     def options(self, given: dict[str, Any]) -> dict[str, Any]:
-        """The engine options for `given` (flag values by field name), checked by the
-        endpoint's body: pydantic.ValidationError as the endpoint's 422 would say it."""
+        """The task options for `given` (flag values by field name), checked by the endpoint's
+        body (pydantic.ValidationError as the endpoint's 422 would say it), as JSON-plain
+        values: what a resumed run compares."""
         body = self.request.model_validate({**self.placeholder, **given})
         options = {f: getattr(body, f) for f in self.option_fields()}
-        labels = options.get("candidate_labels")
-        if isinstance(labels, str):  # the comma-separated form, split as /zero-shot splits it
-            options["candidate_labels"] = [x.strip() for x in labels.split(",") if x.strip()]
+        if "candidate_labels" in options:  # the comma-separated form, split as /zero-shot does
+            options["candidate_labels"] = body.options().labels
         return options
+
+    async def answer(
+        self,
+        engine: Engine,
+        rows: list[Row],
+        options: dict[str, Any],
+        model: str | None = None,
+        call: Call | None = None,
+    ) -> list[Any]:
+        """The engine's answers for `rows`, one per row, with `options` (from `options()`)."""
+        given = {"query": rows[0]["query"], **options} if self.per_row else options
+        typed = self.request.OPTIONS(**given)
+        found = await engine.answer(typed, self.inputs(rows), model=model, call=call)
+        return [found] if self.per_row else list(found)  # embed's (N, D) array: a row each
 
 
 # -- reading a row's inputs ----------------------------------------------------------------
@@ -133,35 +146,25 @@ def length(row: Row) -> int:
     return sum(len(v) if isinstance(v, str) else sum(map(len, v)) for v in row.values())
 
 
-# -- the engine calls ------------------------------------------------------------------------
+# -- the engine inputs ----------------------------------------------------------------------
 
 
-def _texts(method: str) -> Callable[[Engine, list[Row], dict[str, Any]], Awaitable[list[Any]]]:
-    def call(engine: Engine, rows: list[Row], options: dict[str, Any]) -> Awaitable[list[Any]]:
-        texts = [r["text"] for r in rows]
-        return getattr(engine, method)(texts, **options)  # type: ignore[no-any-return]
-
-    return call
+def _texts(rows: list[Row]) -> list[Any]:
+    return [r["text"] for r in rows]
 
 
-def _classify(engine: Engine, rows: list[Row], options: dict[str, Any]) -> Awaitable[list[Any]]:
-    inputs = [(r["text"], r["pair"]) if "pair" in r else r["text"] for r in rows]
-    return engine.classify(inputs, **options)
+def _classify(rows: list[Row]) -> list[Any]:
+    return [(r["text"], r["pair"]) if "pair" in r else r["text"] for r in rows]
 
 
-def _qa(engine: Engine, rows: list[Row], options: dict[str, Any]) -> Awaitable[list[Any]]:
-    return engine.qa([(r["question"], r["context"]) for r in rows], **options)
+def _qa(rows: list[Row]) -> list[Any]:
+    return [(r["question"], r["context"]) for r in rows]
 
 
-async def _rerank(engine: Engine, rows: list[Row], options: dict[str, Any]) -> list[Any]:
+def _documents(rows: list[Row]) -> list[Any]:
     [r] = rows  # per_row: each row has its own query
     docs = r["documents"]
-    return [await engine.rerank(r["query"], [docs] if isinstance(docs, str) else docs, **options)]
-
-
-async def _embed(engine: Engine, rows: list[Row], options: dict[str, Any]) -> list[Any]:
-    vectors = await engine.embed([r["text"] for r in rows], **options)
-    return list(vectors)  # (N, D) float32 -> a row each
+    return [docs] if isinstance(docs, str) else docs
 
 
 # -- the answers' Arrow types ----------------------------------------------------------------
@@ -200,29 +203,29 @@ def _fixed(kind: pa.DataType) -> Callable[[dict[str, Any], int], pa.DataType]:
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        Task("classify", "/classify", "classify", schemas.ClassifyRequest, {"inputs": "x"},
+        Task("classify", "/classify", schemas.ClassifyRequest, {"inputs": "x"},
              (Column("text", "text"), Column("pair", None)), "labels", _classify,
              _fixed(pa.list_(_LABEL_SCORE))),
-        Task("ner", "/ner", "ner", schemas.NerRequest, {"inputs": "x"}, (Column("text", "text"),),
-             "entities", _texts("ner"), _entities),
-        Task("qa", "/qa", "qa", schemas.QaRequest, {"question": "x", "context": "x"},
+        Task("ner", "/ner", schemas.NerRequest, {"inputs": "x"}, (Column("text", "text"),),
+             "entities", _texts, _entities),
+        Task("qa", "/qa", schemas.QaRequest, {"question": "x", "context": "x"},
              (Column("question", "question"), Column("context", "context")), "answer", _qa,
              lambda options, size: _SPAN if options["top_k"] == 1 else pa.list_(_SPAN)),
-        Task("embed", "/embed", "embed", schemas.EmbedRequest, {"inputs": "x"},
-             (Column("text", "text"),), "embedding", _embed,
+        Task("embed", "/embed", schemas.EmbedRequest, {"inputs": "x"},
+             (Column("text", "text"),), "embedding", _texts,
              lambda options, size: pa.list_(pa.float32(), size)),
-        Task("embed_sparse", "/embed_sparse", "embed_sparse", schemas.SparseEmbedRequest,
-             {"inputs": "x"}, (Column("text", "text"),), "sparse", _texts("embed_sparse"),
+        Task("embed_sparse", "/embed_sparse", schemas.SparseEmbedRequest,
+             {"inputs": "x"}, (Column("text", "text"),), "sparse", _texts,
              _sparse),
-        Task("rerank", "/rerank", "rerank", schemas.RerankRequest, {"query": "x", "texts": ["x"]},
+        Task("rerank", "/rerank", schemas.RerankRequest, {"query": "x", "texts": ["x"]},
              (Column("query", "query"), Column("documents", "documents", many=True)), "ranking",
-             _rerank, _fixed(pa.list_(_RANK)), per_row=True),
-        Task("zero-shot", "/zero-shot", "zero_shot", schemas.ZeroShotRequest, {"inputs": "x"},
-             (Column("text", "text"),), "zero_shot", _texts("zero_shot"),
+             _documents, _fixed(pa.list_(_RANK)), per_row=True),
+        Task("zero-shot", "/zero-shot", schemas.ZeroShotRequest, {"inputs": "x"},
+             (Column("text", "text"),), "zero_shot", _texts,
              _fixed(pa.struct([("sequence", pa.string()), ("labels", pa.list_(pa.string())),
                                ("scores", pa.list_(_SCORE))]))),
-        Task("fill-mask", "/fill-mask", "fill_mask", schemas.FillMaskRequest, {"inputs": "x"},
-             (Column("text", "text"),), "fillers", _texts("fill_mask"),
+        Task("fill-mask", "/fill-mask", schemas.FillMaskRequest, {"inputs": "x"},
+             (Column("text", "text"),), "fillers", _texts,
              _fixed(pa.list_(pa.list_(_FILLER)))),
     )
 }  # fmt: skip

@@ -19,13 +19,7 @@ async def classify_texts(body: ClassifyRequest, request: InferenceRequest) -> Re
     InferenceClient.text_classification parses it."""
     single = isinstance(body.inputs, str) and body.parameters is None
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    labels = await request.engine.classify(
-        inputs,
-        model=body.model,
-        top_k=body.top_k,
-        function_to_apply=body.function_to_apply,
-        truncate=body.truncate,
-        truncation_direction=body.truncation_direction,
-        call=request.call,
+    labels = await request.engine.answer(
+        body.options(), inputs, model=body.model, call=request.call
     )
     return answer(labels, single)

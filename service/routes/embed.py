@@ -28,18 +28,8 @@ router = APIRouter(tags=["embeddings"], route_class=InferenceRoute)
 async def embed_texts(body: EmbedRequest, request: InferenceRequest) -> Response:
     """A list of vectors, one per input, also for a single string (as TEI answers)."""
     texts, _ = as_list(body.inputs)
-    vectors = await request.engine.embed(
-        texts,
-        model=body.model,
-        normalize=body.normalize,
-        truncate=body.truncate,
-        layers=body.layers,
-        pooling=body.pooling,
-        combine=body.combine,
-        prompt_name=body.prompt_name,
-        truncation_direction=body.truncation_direction,
-        dimensions=body.dimensions,
-        call=request.call,
+    vectors = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
     )
     return json_response(vectors)  # (N, H) float32, written straight from numpy
 
@@ -49,13 +39,8 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: InferenceRequ
     """The OpenAI embeddings API; vectors use the package's normalisation, texts over the
     window are truncated (OpenAI refuses them; truncation is what TEI does here)."""
     texts, _ = as_list(body.input)
-    vectors = await request.engine.embed(
-        texts,
-        model=body.model,
-        truncate=True,
-        prompt_name=body.prompt_name,
-        dimensions=body.dimensions,
-        call=request.call,
+    vectors = await request.engine.answer(
+        body.options(truncate=True), texts, model=body.model, call=request.call
     )
     call = request.call  # the engine chose its model and ran its job
     assert call is not None and call.model is not None and call.job is not None
@@ -79,16 +64,10 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: InferenceRequ
 async def similarity(body: SimilarityRequest, request: InferenceRequest) -> Response:
     """The cosine similarity of `source_sentence` to each of `sentences`, in their order (TEI's
     /similarity; huggingface_hub's InferenceClient.sentence_similarity)."""
-    options = body.parameters or SimilarityParameters()
+    parameters = body.parameters or SimilarityParameters()
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    vectors = await request.engine.embed(
-        texts,
-        model=body.model,
-        normalize=True,
-        truncate=options.truncate,
-        truncation_direction=options.truncation_direction,
-        prompt_name=options.prompt_name,
-        call=request.call,
+    vectors = await request.engine.answer(
+        parameters.options(normalize=True), texts, model=body.model, call=request.call
     )
     # normalised, and the sum of a unit vector's squares is 1 only to float32's precision
     cosine = vectors[1:].astype(np.float64) @ vectors[0].astype(np.float64)

@@ -21,8 +21,8 @@ async def fill_mask(body: FillMaskRequest, request: InferenceRequest) -> Respons
     """Per input the top_k fillers of its mask (a list of lists with several masks); one
     input's answer alone for a single string, as the pipeline answers."""
     texts, single = as_list(body.inputs)
-    answers: list[Any] = await request.engine.fill_mask(
-        texts, model=body.model, top_k=body.top_k, targets=body.targets, call=request.call
+    answers: list[Any] = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
     )
     return answer(answers, single)
 
@@ -31,13 +31,7 @@ async def fill_mask(body: FillMaskRequest, request: InferenceRequest) -> Respons
 async def embed_sparse(body: SparseEmbedRequest, request: InferenceRequest) -> Response:
     """Per input its non-zero vocabulary weights, by index (a list also for one string)."""
     texts, _ = as_list(body.inputs)
-    entries = await request.engine.embed_sparse(
-        texts,
-        model=body.model,
-        truncate=body.truncate,
-        return_tokens=body.return_tokens,
-        prompt_name=body.prompt_name,
-        truncation_direction=body.truncation_direction,
-        call=request.call,
+    entries = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
     )
     return json_response(entries)

@@ -17,12 +17,7 @@ async def recognize_entities(body: NerRequest, request: InferenceRequest) -> Res
     """Per input a list of `{entity_group, score, word, start, end}` (`word` is
     `text[start:end]`); aggregation_strategy "none" gives one entry per token."""
     texts, single = as_list(body.inputs)
-    entities = await request.engine.ner(
-        texts,
-        model=body.model,
-        aggregation_strategy=body.aggregation_strategy,
-        ignore_labels=body.ignore_labels,
-        stride=body.stride,
-        call=request.call,
+    entities = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
     )
     return answer(entities, single)

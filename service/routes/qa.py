@@ -22,14 +22,5 @@ async def answer_questions(body: QaRequest, request: InferenceRequest) -> Respon
         pairs, single = [(body.question, body.context)], True
     else:
         pairs, single = [(item.question, item.context) for item in body.inputs], False
-    spans = await request.engine.qa(
-        pairs,
-        model=body.model,
-        top_k=body.top_k,
-        max_answer_len=body.max_answer_len,
-        max_seq_len=body.max_seq_len,
-        doc_stride=body.doc_stride,
-        handle_impossible_answer=body.handle_impossible_answer,
-        call=request.call,
-    )
+    spans = await request.engine.answer(body.options(), pairs, model=body.model, call=request.call)
     return answer(spans, single)

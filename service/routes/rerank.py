@@ -27,15 +27,8 @@ router = APIRouter(tags=["reranking"], route_class=InferenceRoute)
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS)
 async def rerank_texts(body: RerankRequest, request: InferenceRequest) -> Response:
     """Every document's `{index, score}`, best first (`text` with return_text)."""
-    ranked = await request.engine.rerank(
-        body.query,
-        body.texts,
-        model=body.model,
-        raw_scores=body.raw_scores,
-        truncate=body.truncate,
-        truncation_direction=body.truncation_direction,
-        allow_single_text=body.allow_single_text,
-        call=request.call,
+    ranked = await request.engine.answer(
+        body.options(), body.texts, model=body.model, call=request.call
     )
     if body.return_text:
         ranked = [{**r, "text": body.texts[r["index"]]} for r in ranked]
@@ -47,14 +40,7 @@ async def open_rerank(body: OpenRerankRequest, request: InferenceRequest) -> Res
     """The best top_n documents as `{index, relevance_score}` (`document` with
     return_documents), with the model and the tokens read."""
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    ranked = await request.engine.rerank(
-        body.query,
-        texts,
-        model=body.model,
-        top_n=body.top_n,
-        allow_single_text=body.allow_single_text,
-        call=request.call,
-    )
+    ranked = await request.engine.answer(body.options(), texts, model=body.model, call=request.call)
     call = request.call  # the engine chose its model and ran its job
     assert call is not None and call.model is not None and call.job is not None
     results = []
@@ -73,14 +59,8 @@ async def open_rerank(body: OpenRerankRequest, request: InferenceRequest) -> Res
 async def cohere_rerank(body: CohereRerankRequest, request: InferenceRequest) -> Response:
     """Cohere's v2 rerank (ClientV2.rerank): the best top_n documents as `{index,
     relevance_score}`, each document read up to max_tokens_per_doc tokens."""
-    ranked = await request.engine.rerank(
-        body.query,
-        body.documents,
-        model=body.model,
-        top_n=body.top_n,
-        max_tokens_per_doc=body.max_tokens_per_doc,
-        allow_single_text=body.allow_single_text,
-        call=request.call,
+    ranked = await request.engine.answer(
+        body.options(), body.documents, model=body.model, call=request.call
     )
     call = request.call
     assert call is not None and call.job is not None  # the engine ran it

@@ -17,13 +17,7 @@ async def tokenize_texts(body: TokenizeRequest, request: InferenceRequest) -> Re
     """Per input its tokens, with character offsets into it; nothing is truncated (a list of
     lists also for a single string, as TEI answers)."""
     texts, _ = as_list(body.inputs)
-    tokens = await request.engine.tokenize(
-        texts,
-        model=body.model,
-        add_special_tokens=body.add_special_tokens,
-        prompt_name=body.prompt_name,
-        call=request.call,
-    )
+    tokens = await request.engine.answer(body.options(), texts, model=body.model, call=request.call)
     return json_response(tokens)
 
 
@@ -31,10 +25,5 @@ async def tokenize_texts(body: TokenizeRequest, request: InferenceRequest) -> Re
 async def decode_ids(body: DecodeRequest, request: InferenceRequest) -> Response:
     """Per id list its text (a list also for one id list, as TEI answers)."""
     ids = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
-    texts = await request.engine.decode(
-        ids,  # type: ignore[arg-type]
-        model=body.model,
-        skip_special_tokens=body.skip_special_tokens,
-        call=request.call,
-    )
+    texts = await request.engine.answer(body.options(), ids, model=body.model, call=request.call)
     return json_response(texts)

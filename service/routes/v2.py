@@ -51,6 +51,7 @@ from service.schemas import (
     NerRequest,
     QaRequest,
     SparseEmbedRequest,
+    TaskBody,
 )
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"])
@@ -144,7 +145,7 @@ class Task:
     inputs: dict[str, bool]  # input name -> required
     outputs: dict[str, str]  # output name -> datatype
     parameters: tuple[str, ...]
-    schema: type[BaseModel]
+    schema: type[TaskBody]  # the native body: the parameters' checks, and the task options
 
     def shapes(self, package: ModelPackage) -> dict[str, list[int]]:
         return {name: [-1] for name in self.outputs}
@@ -178,10 +179,8 @@ class Classify(Task):
 
     async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
         inputs = [tuple(x) if isinstance(x, list) else x for x in body.inputs]
-        ranked = await engine.classify(
-            inputs, model=model.name, top_k=None, function_to_apply=body.function_to_apply,
-            truncate=body.truncate, truncation_direction=body.truncation_direction, call=call,
-        )  # fmt: skip
+        options = body.options(top_k=None)  # every label's score
+        ranked = await engine.answer(options, inputs, model=model.name, call=call)
         labels = model.package.labels or []
         order = {label: i for i, label in enumerate(labels)}
         scores = np.zeros((len(ranked), len(labels)), dtype=np.float32)
@@ -207,12 +206,8 @@ class Qa(Task):
         return {"inputs": [{"question": q, "context": c} for q, c in pairs]}
 
     async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
-        spans = await engine.qa(
-            [(x.question, x.context) for x in body.inputs], model=model.name,
-            max_answer_len=body.max_answer_len, max_seq_len=body.max_seq_len,
-            doc_stride=body.doc_stride, handle_impossible_answer=body.handle_impossible_answer,
-            call=call,
-        )  # fmt: skip
+        pairs = [(x.question, x.context) for x in body.inputs]
+        spans = await engine.answer(body.options(), pairs, model=model.name, call=call)
         best = [s or {"answer": "", "score": 0.0, "start": -1, "end": -1} for s in spans]
         n = len(best)
         return {
@@ -233,44 +228,32 @@ class Embed(Task):
         return {"embedding": [-1, -1]}
 
     async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
-        found = await engine.embed(
-            body.inputs, model=model.name, normalize=body.normalize, truncate=body.truncate,
-            truncation_direction=body.truncation_direction, prompt_name=body.prompt_name,
-            dimensions=body.dimensions, call=call,
-        )  # fmt: skip
+        found = await engine.answer(body.options(), body.inputs, model=model.name, call=call)
         vectors = np.asarray(found, np.float32)
         return {"embedding": ("FP32", list(vectors.shape), vectors.ravel().tolist())}
 
 
 class JsonPerText(Task):
     """Texts in, per text the native route's answer as JSON text in one BYTES element (NER,
-    SPLADE, fill-mask): the engine `method` with the body's `parameters`."""
+    SPLADE, fill-mask): the body's task options (its `parameters`, the rest their defaults)."""
 
     inputs = {"text": True}
 
-    def __init__(
-        self, output: str, method: str, parameters: tuple[str, ...], schema: type[BaseModel]
-    ) -> None:
-        self.output, self.method = output, method
+    def __init__(self, output: str, parameters: tuple[str, ...], schema: type[TaskBody]) -> None:
+        self.output = output
         self.outputs, self.parameters, self.schema = {output: "BYTES"}, parameters, schema
 
     async def infer(self, engine: Engine, model: LoadedModel, body: Any, call: Call) -> Tensors:
-        options = {p: getattr(body, p) for p in self.parameters}
-        found = await getattr(engine, self.method)(
-            body.inputs, model=model.name, call=call, **options
-        )
+        found = await engine.answer(body.options(), body.inputs, model=model.name, call=call)
         return {self.output: ("BYTES", [len(found)], _json(found))}
 
 
 # One Task per kind of package (they hold no state: the same one serves every request)
-NER = JsonPerText(
-    "entities", "ner", ("aggregation_strategy", "ignore_labels", "stride"), NerRequest
-)
-FILL_MASK = JsonPerText("predictions", "fill_mask", ("top_k", "targets"), FillMaskRequest)
+NER = JsonPerText("entities", ("aggregation_strategy", "ignore_labels", "stride"), NerRequest)
+FILL_MASK = JsonPerText("predictions", ("top_k", "targets"), FillMaskRequest)
 SPARSE = JsonPerText(
-    "sparse", "embed_sparse", ("truncate", "truncation_direction", "prompt_name"),
-    SparseEmbedRequest,
-)  # fmt: skip
+    "sparse", ("truncate", "truncation_direction", "prompt_name"), SparseEmbedRequest
+)
 TASKS: dict[str, Task] = {
     "classification": Classify(),
     "token-classification": NER,

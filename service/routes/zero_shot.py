@@ -26,17 +26,8 @@ async def zero_shot(body: ZeroShotRequest, request: InferenceRequest) -> Respons
     the pipeline answers). The Hugging Face form (`parameters`) gets per input a list of
     `{label, score}`, as InferenceClient.zero_shot_classification parses it."""
     texts, single = as_list(body.inputs)
-    labels = body.candidate_labels
-    if isinstance(labels, str):  # the pipeline's comma-separated form
-        labels = [label.strip() for label in labels.split(",") if label.strip()]
-    answers = await request.engine.zero_shot(
-        texts,
-        labels,
-        model=body.model,
-        hypothesis_template=body.hypothesis_template,
-        multi_label=body.multi_label,
-        allow_single_text=body.allow_single_text,
-        call=request.call,
+    answers = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
     )
     if body.parameters is not None:
         return answer(

@@ -14,7 +14,7 @@ import pytest
 
 from heads.package import read_package
 from heads.rows import InvalidInput, load_package_tokenizer
-from heads.tasks import classify, ner, qa
+from heads.tasks import classify, embed, ner, qa
 from service.engine import Call, Engine
 from service.errors import (
     DeadlineExceeded,
@@ -53,10 +53,10 @@ def as_json(answer: object) -> object:
 async def test_every_task_answers_as_the_http_route(model_dir: Path) -> None:
     settings = Settings(model_dir=model_dir, intra_op_threads=1)
     async with Engine(settings) as engine:
-        labels = await engine.classify([*TEXTS, ("a", "b")], top_k=None)
-        entities = await engine.ner(TEXTS, aggregation_strategy="first")
-        spans = await engine.qa(PAIRS, top_k=2)
-        vectors = await engine.embed(TEXTS)
+        labels = await engine.answer(classify.Options(top_k=None), [*TEXTS, ("a", "b")])
+        entities = await engine.answer(ner.Options(aggregation_strategy="first"), TEXTS)
+        spans = await engine.answer(qa.Options(top_k=2), PAIRS)
+        vectors = await engine.answer(embed.Options(), TEXTS)
     async with serve(settings) as service:
 
         async def post(path: str, body: dict) -> object:
@@ -106,53 +106,57 @@ async def test_a_calls_inputs_answer_as_each_alone(model_dir: Path) -> None:
     pairs = [*PAIRS, ("who works for the bank ?", long_text)]
     async with Engine(Settings(model_dir=model_dir, intra_op_threads=1)) as engine:
         for strategy in ("none", "simple", "first", "average", "max"):
-            together = await engine.ner(texts, aggregation_strategy=strategy)
-            alone = [(await engine.ner([t], aggregation_strategy=strategy))[0] for t in texts]
+            options = ner.Options(aggregation_strategy=strategy)
+            together = await engine.answer(options, texts)
+            alone = [(await engine.answer(options, [t]))[0] for t in texts]
             for i, (got, want) in enumerate(zip(together, alone, strict=True)):
                 assert_same_answer(as_json(got), as_json(want), f"ner {strategy} text {i}")
             assert len({json.dumps(as_json(x)) for x in together}) == len(texts)
         for top_k in (1, 3):
-            together = await engine.qa(pairs, top_k=top_k, max_seq_len=32)
-            alone = [(await engine.qa([p], top_k=top_k, max_seq_len=32))[0] for p in pairs]
+            spans = qa.Options(top_k=top_k, max_seq_len=32)
+            together = await engine.answer(spans, pairs)
+            alone = [(await engine.answer(spans, [p]))[0] for p in pairs]
             for i, (got, want) in enumerate(zip(together, alone, strict=True)):
                 assert_same_answer(as_json(got), as_json(want), f"qa top_k {top_k} pair {i}")
             assert len({json.dumps(as_json(x)) for x in together}) == len(pairs)
         inputs = [*texts, ("a cat sat", "a dog sat")]
-        together = await engine.classify(inputs, top_k=None)
-        alone = [(await engine.classify([x], top_k=None))[0] for x in inputs]
+        every = classify.Options(top_k=None)
+        together = await engine.answer(every, inputs)
+        alone = [(await engine.answer(every, [x]))[0] for x in inputs]
         for i, (got, want) in enumerate(zip(together, alone, strict=True)):
             assert_same_answer(as_json(got), as_json(want), f"classify input {i}")
-        vectors = await engine.embed(texts)
+        vectors = await engine.answer(embed.Options(), texts)
         for i, text in enumerate(texts):
-            assert np.abs(vectors[i] - (await engine.embed([text]))[0]).max() <= 1e-6, i
+            alone = (await engine.answer(embed.Options(), [text]))[0]
+            assert np.abs(vectors[i] - alone).max() <= 1e-6, i
 
 
 async def test_errors_are_the_service_error_types(model_dir: Path) -> None:
     settings = Settings(model_dir=model_dir, intra_op_threads=1, max_client_batch_size=4)
     async with Engine(settings) as engine:
         with pytest.raises(ModelNotFound, match="no model named 'nope'"):
-            await engine.classify(["a"], model="nope")
+            await engine.answer(classify.Options(), ["a"], model="nope")
         with pytest.raises(InputError, match="this call needs a classification model"):
-            await engine.classify(["a"], model="minilm")
+            await engine.answer(classify.Options(), ["a"], model="minilm")
         with pytest.raises(PayloadTooLarge, match="max_client_batch_size"):
-            await engine.embed(["a"] * 5)
+            await engine.answer(embed.Options(), ["a"] * 5)
         with pytest.raises(InvalidInput, match="question is empty"):
-            await engine.qa([("", "john lives in paris")])
+            await engine.answer(qa.Options(), [("", "john lives in paris")])
         past = Call(deadline=asyncio.get_running_loop().time() - 1)
         with pytest.raises(DeadlineExceeded):
-            await engine.embed(["a"], call=past)
+            await engine.answer(embed.Options(), ["a"], call=past)
         engine.registry.admission.limit = 0
         with pytest.raises(Overloaded):
-            await engine.embed(["a"])
+            await engine.answer(embed.Options(), ["a"])
         engine.registry.admission.limit = 10
         assert engine.registry.admission.in_flight == 0  # every failure gave its slot back
     with pytest.raises(NotReady, match="shutting down"):  # stopped: draining
-        await engine.embed(["a"])
+        await engine.answer(embed.Options(), ["a"])
 
 
 async def test_a_call_records_the_model_and_job(model_dir: Path) -> None:
     async with Engine(Settings(model_dir=model_dir, intra_op_threads=1)) as engine:
         call = engine.call()
-        await engine.embed(["a short text"], call=call)
+        await engine.answer(embed.Options(), ["a short text"], call=call)
         assert call.model is not None and call.model.name == "minilm"
         assert call.job is not None and call.job.tokens > 0

@@ -200,7 +200,7 @@ async def test_a_package_with_other_label_counts_is_refused(
         export_package(three, "classification", tmp_path / "p", verbose=False).path
     )
     with pytest.raises(InvalidInput, match="3 labels"):
-        rerank.Job(package, QUERY, ["a"])
+        rerank.Job(package, ["a"], rerank.Options(query=QUERY))
 
 
 @pytest.mark.parametrize("path", ["/rerank", "/v1/rerank"])

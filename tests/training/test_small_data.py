@@ -71,6 +71,8 @@ def test_the_readme_command_on_72_rows_makes_a_confident_model(minilm_path, tmp_
     assert "batch 8 and 12 epochs for 72 training rows: 108 optimizer steps" in log.out + log.err
     package = read_package(tmp_path / "run" / "package")
     rows = list(csv.DictReader((topics / "dev.csv").open()))
-    answers = run_job(package, classify.Job(package, [r["text"] for r in rows], top_k=1))
+    answers = run_job(
+        package, classify.Job(package, [r["text"] for r in rows], classify.Options(top_k=1))
+    )
     assert [a[0]["label"] for a in answers] == [r["label"] for r in rows]
     assert min(a[0]["score"] for a in answers) >= 0.8

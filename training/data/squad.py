@@ -95,7 +95,7 @@ def prepare(
         raise DataError(f"{e.where}: {err}") from None
 
 
-def answer_positions(window: qa.ContextWindow, start_char: int, end_char: int) -> tuple[int, int]:
+def answer_positions(window: qa.Window, start_char: int, end_char: int) -> tuple[int, int]:
     """Row positions (start, end inclusive) of the tokens covering [start_char, end_char), or
     (0, 0) when the window does not hold the whole answer."""
     offsets = window.offsets  # (n, 2) characters of the window's context tokens

@@ -296,7 +296,10 @@ def test_jobs_answered_together_answer_as_the_pipeline(
     texts = shipped_sentences()
     inputs: list[Any] = [*texts, *zip(texts[:5], texts[25:], strict=True)]
     options = option_sets(other)
-    jobs = [classify.Job(pkg, inputs[i :: len(options)], **o) for i, o in enumerate(options)]
+    jobs = [
+        classify.Job(pkg, inputs[i :: len(options)], classify.Options(**o))
+        for i, o in enumerate(options)
+    ]
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
     outputs = [
         run_rows(
@@ -323,9 +326,9 @@ def test_jobs_answered_together_answer_as_the_pipeline(
 def test_job_options_are_checked_when_it_is_made() -> None:
     """A bad option is refused before any compute (the route's 422)."""
     with pytest.raises(InvalidInput, match="top_k must be at least 1, not 0"):
-        classify.Job(_toy_package(), ["a"], top_k=0)
+        classify.Job(_toy_package(), ["a"], classify.Options(top_k=0))
     with pytest.raises(InvalidInput, match="function_to_apply must be one of"):
-        classify.Job(_toy_package(), ["a"], function_to_apply="tanh")
+        classify.Job(_toy_package(), ["a"], classify.Options(function_to_apply="tanh"))
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])
@@ -340,7 +343,9 @@ def test_truncation_direction_cuts_as_tokenizers_does(
     pairs = [(texts[0], texts[2]), (texts[1], texts[0]), (texts[2], texts[2])]
     reference = Tokenizer.from_str(toy_tokenizer.to_str())
     reference.enable_truncation(max_length, strategy="longest_first", direction=direction)
-    job = classify.Job(_toy_package(), [*texts, *pairs], truncation_direction=direction)
+    job = classify.Job(
+        _toy_package(), [*texts, *pairs], classify.Options(truncation_direction=direction)
+    )
     job.max_seq_length = max_length
     flat = [t for x in [*texts, *pairs] for t in ((x,) if isinstance(x, str) else x)]
     rows = job.rows(toy_tokenizer, toy_tokenizer.encode_batch(flat, add_special_tokens=False))

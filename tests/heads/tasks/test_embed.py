@@ -84,16 +84,19 @@ def test_dimensions_keep_the_first_values_then_normalise() -> None:
         normalize=True,
         sparse=False,
         outputs=[{"name": "embeddings", "shape": ["batch", 8]}],
+        pooling="mean",
+        prompts={},
+        default_prompt_name=None,
     )
     outputs = [{"embeddings": v} for v in vectors]
-    job = embed.Job(package, ["a", "b", "c"], dimensions=3)  # type: ignore[arg-type]
+    job = embed.Job(package, ["a", "b", "c"], embed.Options(dimensions=3))  # type: ignore[arg-type]
     cut = job.answer(outputs)
     want = vectors[:, :3] / np.linalg.norm(vectors[:, :3], axis=1, keepdims=True)
     np.testing.assert_allclose(cut, want, rtol=1e-6)
-    raw = embed.Job(package, ["a"] * 3, dimensions=3, normalize=False)  # type: ignore[arg-type]
+    raw = embed.Job(package, ["a"] * 3, embed.Options(dimensions=3, normalize=False))  # type: ignore[arg-type]
     np.testing.assert_array_equal(raw.answer(outputs), vectors[:, :3])
     together = embed.Job.answer_many([job, raw], [outputs, outputs])
     np.testing.assert_allclose(together[0], want, rtol=1e-6)
     for bad in (0, 9):
         with pytest.raises(InvalidInput, match="dimensions must be between 1 and 8"):
-            embed.Job(package, ["a"], dimensions=bad)  # type: ignore[arg-type]
+            embed.Job(package, ["a"], embed.Options(dimensions=bad))  # type: ignore[arg-type]

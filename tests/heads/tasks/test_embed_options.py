@@ -178,11 +178,13 @@ def test_a_job_reads_prompt_truncation_and_direction(toy_tokenizer: Tokenizer):
     assert rows(default) == [encode("a cat").ids, [cls, *body[:6], sep]]  # right: the first ones
     assert default.truncated == 1 and default.tokens == len(encode("a cat").ids) + 8
 
-    left = embed.Job(package(), [long], truncation_direction="left")
+    left = embed.Job(package(), [long], embed.Options(truncation_direction="left"))
     assert rows(left) == [[cls, *body[-6:], sep]]
     with pytest.raises(InvalidInput, match="more than max_seq_length 8"):
-        rows(embed.Job(package(), [long], truncate=False))
-    prompted = embed.Job(package(), ["a cat"], prompt="the ")
+        rows(embed.Job(package(), [long], embed.Options(truncate=False)))
+    prompted = embed.Job(
+        package(prompts={"the": "the "}), ["a cat"], embed.Options(prompt_name="the")
+    )
     assert prompted.texts == ["the a cat"] and rows(prompted) == [encode("the a cat").ids]
 
 
@@ -197,13 +199,10 @@ def test_a_sparse_package_is_sent_to_embed_sparse():
 def test_a_job_with_features_answers_the_combined_layers():
     s = states(3, seed=1)
     outputs = [{embed.LAYER_OUTPUTS["mean"]: row, "embeddings": row[-1]} for row in s]
-    f = embed.features(package(), layers=[0, -1], combine="mean")
-    job = embed.Job(package(), ["a", "b", "c"], features=f)
+    job = embed.Job(package(), ["a", "b", "c"], embed.Options(layers=[0, -1], combine="mean"))
     np.testing.assert_allclose(job.answer(outputs), unit((s[:, 0] + s[:, 2]) / 2), rtol=1e-5)
     # `dimensions` is checked against the combined width (2 H concatenated), not H
-    wide = embed.Job(
-        package(), ["a"] * 3, features=embed.features(package(), layers=[0, 1]), dimensions=H + 4
-    )
+    wide = embed.Job(package(), ["a"] * 3, embed.Options(layers=[0, 1], dimensions=H + 4))
     want = np.concatenate([s[:, 0], s[:, 1]], axis=1)[:, : H + 4]
     np.testing.assert_allclose(wide.answer(outputs), unit(want), rtol=1e-5)
 
@@ -214,8 +213,8 @@ def test_jobs_answered_together_each_get_their_own_vectors():
     pkg = package()
     jobs = [
         embed.Job(pkg, ["a", "b"]),
-        embed.Job(pkg, ["c"], features=embed.features(pkg, layers=[0])),
-        embed.Job(pkg, ["d", "e"], normalize=False),
+        embed.Job(pkg, ["c"], embed.Options(layers=[0])),
+        embed.Job(pkg, ["d", "e"], embed.Options(normalize=False)),
         embed.Job(pkg, ["f"]),
         embed.Job(pkg, ["g"]),  # a third of the first group: its rows start after both others'
     ]

@@ -56,7 +56,7 @@ def assert_same(ours: list[dict], theirs: list[dict]) -> None:
 
 
 def answers(pkg: ModelPackage, inputs: list[str], **options: Any) -> list[Any]:
-    return run_job(pkg, fill_mask.Job(pkg, inputs, **options))
+    return run_job(pkg, fill_mask.Job(pkg, inputs, fill_mask.Options(**options)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -182,11 +182,11 @@ def test_bad_options_and_a_package_without_a_mask_token_are_refused() -> None:
         fill_mask.Job(dataclasses.replace(pkg, mask_token=None), ["a [MASK]"])
     for top_k in (0, -1, 1.5, True):
         with pytest.raises(InvalidInput, match="top_k must be an integer of at least 1"):
-            fill_mask.Job(pkg, ["a [MASK]"], top_k=top_k)  # type: ignore[arg-type]
+            fill_mask.Job(pkg, ["a [MASK]"], fill_mask.Options(top_k=top_k))  # type: ignore[arg-type]
     for targets in ([], [1], 3):
         with pytest.raises(InvalidInput, match="targets must be a word"):
-            fill_mask.Job(pkg, ["a [MASK]"], targets=targets)  # type: ignore[arg-type]
+            fill_mask.Job(pkg, ["a [MASK]"], fill_mask.Options(targets=targets))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="none of them is or makes a token"):
-        run_job(pkg, fill_mask.Job(pkg, ["a [MASK]"], targets=["", " "]))
+        run_job(pkg, fill_mask.Job(pkg, ["a [MASK]"], fill_mask.Options(targets=["", " "])))
     with pytest.raises(InvalidInput, match=r"inputs\[0\]: expected a string"):
         fill_mask.Job(pkg, [("a", "b")])  # type: ignore[list-item]

@@ -56,7 +56,7 @@ def test_the_padding_token_is_filtered_out_of_the_sequences() -> None:
     """As the pipeline does: a padding token in the text is left out of each `sequence`."""
     pkg, folder = package("bert"), family_checkpoint("bert", "masked-lm", seed=SEED)
     text = "The [PAD] film was [MASK]."
-    [ours] = run_job(pkg, fill_mask.Job(pkg, [text], top_k=3))
+    [ours] = run_job(pkg, fill_mask.Job(pkg, [text], fill_mask.Options(top_k=3)))
     assert_same(ours, pipe(folder)(text, top_k=3))
     assert all("[PAD]" not in x["sequence"] for x in ours)
 
@@ -96,7 +96,7 @@ def test_targets_that_are_pieces_specials_or_empty_as_the_pipeline() -> None:
     pkg, folder = package("bert"), family_checkpoint("bert", "masked-lm", seed=SEED)
     text = "The capital of France is [MASK]."
     targets = ["", "##s", "[CLS]", "film"]
-    [ours] = run_job(pkg, fill_mask.Job(pkg, [text], targets=targets))
+    [ours] = run_job(pkg, fill_mask.Job(pkg, [text], fill_mask.Options(targets=targets)))
     assert_same(ours, pipe(folder)(text, targets=targets))
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
     assert sorted(x["token"] for x in ours) == sorted(
@@ -123,7 +123,7 @@ def test_clean_up_with_a_sentencepiece_tokenizer(tmp_path: Any) -> None:
         config_path.write_text(json.dumps(config | {"clean_up_tokenization_spaces": clean}))
         pkg = export_package(folder, "fill-mask", tmp_path / f"pkg-{clean}", verbose=False)
         assert pkg.clean_up_tokenization_spaces is clean
-        [ours] = run_job(pkg, fill_mask.Job(pkg, [text], top_k=2))
+        [ours] = run_job(pkg, fill_mask.Job(pkg, [text], fill_mask.Options(top_k=2)))
         assert_same(ours, pipe(folder)(text, top_k=2))
         assert all((" ," in x["sequence"]) is not clean for x in ours)
 
@@ -136,4 +136,4 @@ def test_refusals_word_for_word() -> None:
     ):
         fill_mask.Job(dataclasses.replace(pkg, mask_token=None), ["a [MASK]"])
     with refused("targets must be a word or a non-empty list of words"):
-        fill_mask.Job(pkg, ["a [MASK]"], targets=[])
+        fill_mask.Job(pkg, ["a [MASK]"], fill_mask.Options(targets=[]))

@@ -49,7 +49,7 @@ def test_a_byte_level_bpe_familys_words_are_the_pipelines(strategy: str) -> None
     """RoBERTa's BPE has no `##`: a word's later tokens are found from the spaces in the text,
     and a word's label comes from its tokens as the strategy says."""
     pkg = read_package(family_package("roberta", "token-classification"))
-    ours = run_job(pkg, ner.Job(pkg, TEXTS, aggregation_strategy=strategy))
+    ours = run_job(pkg, ner.Job(pkg, TEXTS, ner.Options(aggregation_strategy=strategy)))
     reference = pipe("roberta", strategy)
     for text, answer in zip(TEXTS, ours, strict=True):
         assert_same(text, answer, reference(text))
@@ -62,12 +62,14 @@ def test_a_byte_level_bpe_familys_words_are_the_pipelines(strategy: str) -> None
 
 def test_ignore_labels_reach_the_answer() -> None:
     pkg = read_package(family_package("bert", "token-classification"))
-    kept = run_job(pkg, ner.Job(pkg, TEXTS, aggregation_strategy="simple", ignore_labels=[]))
+    kept = run_job(
+        pkg, ner.Job(pkg, TEXTS, ner.Options(aggregation_strategy="simple", ignore_labels=[]))
+    )
     reference = pipe("bert", "simple")
     for text, answer in zip(TEXTS, kept, strict=True):
         assert_same(text, answer, reference(text, ignore_labels=[]))
     assert any(e["entity_group"] == "O" for a in kept for e in a)  # "O" is no longer left out
-    default = run_job(pkg, ner.Job(pkg, TEXTS, aggregation_strategy="simple"))
+    default = run_job(pkg, ner.Job(pkg, TEXTS, ner.Options(aggregation_strategy="simple")))
     assert all(e["entity_group"] != "O" for a in default for e in a)
 
 
@@ -76,7 +78,7 @@ def test_the_requests_stride_cuts_the_windows(stride: int | None) -> None:
     pkg = read_package(family_package("bert", "token-classification"))
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
     text = " ".join(TEXTS) * 8  # several windows of the package's max_seq_length
-    job = ner.Job(pkg, [text], stride=stride)
+    job = ner.Job(pkg, [text], ner.Options(stride=stride))
     rows = job.rows(tokenizer, tokenizer.encode_batch([text], add_special_tokens=False))
     n = len(tokenizer.encode(text, add_special_tokens=False).ids)
     used = ner.default_stride(pkg.max_seq_length) if stride is None else stride

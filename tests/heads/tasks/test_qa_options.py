@@ -124,29 +124,76 @@ def squad() -> ModelPackage:
 
 def test_a_jobs_options_reach_its_answer(squad: ModelPackage) -> None:
     pairs = [(QUESTION, CONTEXT), ("who", "anna flew to lisbon in may")]
-    [best, other] = run_job(squad, qa.Job(squad, pairs, top_k=1, max_answer_len=15,
-                                          max_seq_length=384, stride=None,
-                                          handle_impossible_answer=False))  # fmt: skip
+    [best, other] = run_job(
+        squad,
+        qa.Job(
+            squad,
+            pairs,
+            qa.Options(
+                top_k=1,
+                max_answer_len=15,
+                max_seq_len=384,
+                doc_stride=None,
+                handle_impossible_answer=False,
+            ),
+        ),
+    )
     assert isinstance(best, dict) and best["answer"] == CONTEXT[best["start"] : best["end"]]
     assert isinstance(other, dict)
-    two = run_job(squad, qa.Job(squad, pairs[:1], top_k=2, max_answer_len=15, max_seq_length=384,
-                                stride=None, handle_impossible_answer=False))  # fmt: skip
+    two = run_job(
+        squad,
+        qa.Job(
+            squad,
+            pairs[:1],
+            qa.Options(
+                top_k=2,
+                max_answer_len=15,
+                max_seq_len=384,
+                doc_stride=None,
+                handle_impossible_answer=False,
+            ),
+        ),
+    )
     assert [len(a) for a in two] == [2] and two[0][0]["score"] >= two[0][1]["score"]
     # (the first of two need not be the best of one: with top_k 2 more spans per window are
     # looked at, and spans that widen to the same words add up, as in the pipeline)
-    many = {"top_k": 500, "max_answer_len": 15, "max_seq_length": 384, "stride": None}
-    [plain] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=False, **many))
-    [null] = run_job(squad, qa.Job(squad, pairs[:1], handle_impossible_answer=True, **many))
+    many = {"top_k": 500, "max_answer_len": 15, "max_seq_len": 384, "doc_stride": None}
+    [plain] = run_job(
+        squad, qa.Job(squad, pairs[:1], qa.Options(handle_impossible_answer=False, **many))
+    )
+    [null] = run_job(
+        squad, qa.Job(squad, pairs[:1], qa.Options(handle_impossible_answer=True, **many))
+    )
     assert "" not in [a["answer"] for a in plain] and "" in [a["answer"] for a in null]
     # max_answer_len 1: one-word answers only; a stride given is the stride used
-    short = run_job(squad, qa.Job(squad, pairs[:1], top_k=500, max_answer_len=1,
-                                  max_seq_length=384, stride=None,
-                                  handle_impossible_answer=False))[0]  # fmt: skip
+    short = run_job(
+        squad,
+        qa.Job(
+            squad,
+            pairs[:1],
+            qa.Options(
+                top_k=500,
+                max_answer_len=1,
+                max_seq_len=384,
+                doc_stride=None,
+                handle_impossible_answer=False,
+            ),
+        ),
+    )[0]
     assert all(" " not in a["answer"] for a in short) and len(short) < len(plain)
     rows = {}
     for stride in (0, 6):
-        job = qa.Job(squad, pairs[:1], top_k=1, max_answer_len=15, max_seq_length=16,
-                     stride=stride, handle_impossible_answer=False)  # fmt: skip
+        job = qa.Job(
+            squad,
+            pairs[:1],
+            qa.Options(
+                top_k=1,
+                max_answer_len=15,
+                max_seq_len=16,
+                doc_stride=stride,
+                handle_impossible_answer=False,
+            ),
+        )
         run_job(squad, job)
         rows[stride] = sum(len(c.windows) for c in job._contexts)
         assert job.stride == stride and job.windowed == 1
@@ -163,7 +210,7 @@ def test_with_no_options_the_windows_and_answers_are_the_pipelines(
     from transformers.pipelines.question_answering import QuestionAnsweringPipeline
 
     defaults = inspect.signature(QuestionAnsweringPipeline.postprocess).parameters
-    for ours in (inspect.signature(qa.postprocess), inspect.signature(qa.Job)):
+    for ours in (inspect.signature(qa.postprocess), inspect.signature(qa.Options)):
         for name in ("top_k", "max_answer_len", "handle_impossible_answer"):
             assert ours.parameters[name].default == defaults[name].default, name
     assert inspect.signature(qa.postprocess).parameters["align_to_words"].default is True

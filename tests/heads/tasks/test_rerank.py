@@ -86,18 +86,26 @@ def by_index(answer: list[dict[str, Any]]) -> np.ndarray:
 def test_scores_and_order_equal_the_model(packages: dict, name: str, raw: bool):
     ref = Reference(name)
     want = relevance(ref.logits(ref.ids(QUERY), [ref.ids(d) for d in DOCUMENTS]), raw)
-    answer = run_job(packages[name], rerank.Job(packages[name], QUERY, DOCUMENTS, raw_scores=raw))
+    answer = run_job(
+        packages[name],
+        rerank.Job(packages[name], DOCUMENTS, rerank.Options(query=QUERY, raw_scores=raw)),
+    )
     assert [a["index"] for a in answer] == np.argsort(-want, kind="stable").tolist()
     assert np.abs(by_index(answer) - want).max() <= TOL
     assert len(set(by_index(answer).round(4))) == len(DOCUMENTS)  # the scores tell them apart
     assert all("window" not in a for a in answer)
-    top = run_job(packages[name], rerank.Job(packages[name], QUERY, DOCUMENTS, top_n=2))
+    top = run_job(
+        packages[name], rerank.Job(packages[name], DOCUMENTS, rerank.Options(query=QUERY, top_n=2))
+    )
     assert [a["index"] for a in top] == np.argsort(-relevance(ref.logits(ref.ids(QUERY),
             [ref.ids(d) for d in DOCUMENTS]), False), kind="stable")[:2].tolist()  # fmt: skip
 
 
 def test_equal_scores_keep_the_documents_order(packages: dict):
-    answer = run_job(packages["one"], rerank.Job(packages["one"], QUERY, ["a cat", "b", "a cat"]))
+    answer = run_job(
+        packages["one"],
+        rerank.Job(packages["one"], ["a cat", "b", "a cat"], rerank.Options(query=QUERY)),
+    )
     order = [a["index"] for a in answer]
     assert order.index(0) < order.index(2)  # the same text: the same score, first one first
     assert answer[order.index(0)]["score"] == answer[order.index(2)]["score"]
@@ -111,7 +119,9 @@ def test_truncate_cuts_the_pair_to_the_window(packages: dict, direction: str | N
     long = " ".join(["the museum opened in a station near the river"] * 6)
     docs = [long, DOCUMENTS[1]]
     chosen = {} if direction is None else {"truncation_direction": direction}
-    job = rerank.Job(packages["one"], QUERY, docs, truncate=True, **chosen)  # default: right
+    job = rerank.Job(
+        packages["one"], docs, rerank.Options(query=QUERY, truncate=True, **chosen)
+    )  # default: right
     answer = run_job(packages["one"], job)
     q, d = ref.ids(QUERY), ref.ids(long)
     n = WINDOW - 3 - len(q)  # the document is the longer: only it loses tokens
@@ -124,7 +134,7 @@ def test_truncate_cuts_the_pair_to_the_window(packages: dict, direction: str | N
 
 def test_max_tokens_per_doc_keeps_each_documents_first_tokens(packages: dict):
     ref = Reference("one")
-    job = rerank.Job(packages["one"], QUERY, DOCUMENTS, max_tokens_per_doc=3)
+    job = rerank.Job(packages["one"], DOCUMENTS, rerank.Options(query=QUERY, max_tokens_per_doc=3))
     answer = run_job(packages["one"], job)
     want = relevance(ref.logits(ref.ids(QUERY), [ref.ids(d)[:3] for d in DOCUMENTS]), False)
     assert np.abs(by_index(answer) - want).max() <= TOL
@@ -141,7 +151,7 @@ def test_a_long_document_scores_as_its_best_window(packages: dict, stride: int |
     words = ["anna", "flew", "to", "lisbon", "in", "may", "paris", "museum", "river", "big"]
     long = " ".join(rng.choice(words, size=70))
     docs = [DOCUMENTS[0], long]
-    job = rerank.Job(packages["one"], QUERY, docs, stride=stride)
+    job = rerank.Job(packages["one"], docs, rerank.Options(query=QUERY, stride=stride))
     answer = run_job(packages["one"], job)
     q = ref.ids(QUERY)
     encoded = ref.tok(long, add_special_tokens=False, return_offsets_mapping=True)
@@ -171,23 +181,31 @@ def test_what_cannot_be_ranked_is_refused(packages: dict, tmp_path: Path):
     ref = Reference("one")
     long_query = "where " * 40
     with pytest.raises(InvalidInput) as no_room:
-        run_job(packages["one"], rerank.Job(packages["one"], long_query, ["a"]))
+        run_job(
+            packages["one"], rerank.Job(packages["one"], ["a"], rerank.Options(query=long_query))
+        )
     assert str(no_room.value) == (
         f"the query is {len(ref.ids(long_query))} tokens: no room for a document in this "
         f"model's window of {WINDOW}; shorten it or send truncate: true"
     )
     room = WINDOW - 3 - len(ref.ids(QUERY))
     with pytest.raises(InvalidInput) as stride:
-        run_job(packages["one"], rerank.Job(packages["one"], QUERY, ["a " * 60], stride=room))
+        run_job(
+            packages["one"],
+            rerank.Job(packages["one"], ["a " * 60], rerank.Options(query=QUERY, stride=room)),
+        )
     assert str(stride.value) == f"stride must be below {room}, the document tokens per window"
-    run_job(packages["one"], rerank.Job(packages["one"], QUERY, ["a " * 60], stride=room - 1))
+    run_job(
+        packages["one"],
+        rerank.Job(packages["one"], ["a " * 60], rerank.Options(query=QUERY, stride=room - 1)),
+    )
     with pytest.raises(InvalidInput) as empty:
-        rerank.Job(packages["one"], QUERY, [])
+        rerank.Job(packages["one"], [], rerank.Options(query=QUERY))
     assert str(empty.value) == "texts is empty; send at least one document"
     three = family_checkpoint("bert", "classification", labels=["a", "b", "c"])
     package = read_package(export_package(three, "classification", tmp_path / "p", verbose=False).path)  # fmt: skip
     with pytest.raises(InvalidInput) as labels:
-        rerank.Job(package, QUERY, ["a"])
+        rerank.Job(package, ["a"], rerank.Options(query=QUERY))
     assert str(labels.value) == (
         f"model {package.name!r} has 3 labels; a reranker (cross-encoder) has one relevance "
         "score (or two labels, relevant second)"
@@ -200,7 +218,10 @@ def test_jobs_answered_together_each_get_their_own_ranking(packages: dict):
 
     pkg = packages["one"]
     tok = load_package_tokenizer(pkg.tokenizer_path)
-    jobs = [rerank.Job(pkg, QUERY, DOCUMENTS), rerank.Job(pkg, "a museum", DOCUMENTS[::-1])]
+    jobs = [
+        rerank.Job(pkg, DOCUMENTS, rerank.Options(query=QUERY)),
+        rerank.Job(pkg, DOCUMENTS[::-1], rerank.Options(query="a museum")),
+    ]
     outputs = [
         run_rows(pkg, job.rows(tok, tok.encode_batch(job.texts, add_special_tokens=False)))
         for job in jobs
@@ -230,12 +251,15 @@ def test_windows_are_counted_per_document_and_a_room_of_one_is_enough(packages: 
     while len(ref.ids(two)) <= room:  # longer than the room, short enough for two windows
         two += " may"
     assert room < len(ref.ids(two)) <= room + room // 2
-    job = rerank.Job(packages["one"], QUERY, [two, "a", two + " " + two])
+    job = rerank.Job(packages["one"], [two, "a", two + " " + two], rerank.Options(query=QUERY))
     run_job(packages["one"], job)
     assert job.windowed == 2  # two of three documents, one of them in exactly two windows
     # a query that leaves one token of room: each document is read a token at a time
     query = " ".join(["may"] * (WINDOW - 4))
     assert len(ref.ids(query)) == WINDOW - 4
-    [answer] = run_job(packages["one"], rerank.Job(packages["one"], query, ["anna flew"], stride=0))
+    [answer] = run_job(
+        packages["one"],
+        rerank.Job(packages["one"], ["anna flew"], rerank.Options(query=query, stride=0)),
+    )
     alone = relevance(ref.logits(ref.ids(query), [[i] for i in ref.ids("anna flew")]), False)
     assert abs(answer["score"] - alone.max()) <= TOL

@@ -69,7 +69,7 @@ def test_the_served_answer_is_the_formula(family: str) -> None:
         values = np.array([e["value"] for e in entries])
         assert np.abs(values - row[indices]).max() <= TOL
         assert all(e["value"] > 0 for e in entries) and 0 < len(entries) < len(row)
-    named = run_job(pkg, sparse.Job(pkg, TEXTS[:1], with_tokens=True))[0]
+    named = run_job(pkg, sparse.Job(pkg, TEXTS[:1], sparse.Options(return_tokens=True)))[0]
     assert [e["token"] for e in named] == [tokenizer.id_to_token(e["index"]) for e in named]
     # alone, not in the padded batch: the same entries, values to float rounding
     assert [e["index"] for e in named] == [e["index"] for e in answers[0]]
@@ -80,7 +80,10 @@ def test_the_served_answer_is_the_formula(family: str) -> None:
 def test_several_jobs_answer_as_each_alone() -> None:
     pkg = package("bert")
     tokenizer = load_package_tokenizer(pkg.tokenizer_path)
-    jobs = [sparse.Job(pkg, TEXTS[:2], with_tokens=True), sparse.Job(pkg, TEXTS[2:])]
+    jobs = [
+        sparse.Job(pkg, TEXTS[:2], sparse.Options(return_tokens=True)),
+        sparse.Job(pkg, TEXTS[2:]),
+    ]
     rng = np.random.default_rng(0)
     outputs = []
     for job in jobs:
@@ -91,7 +94,11 @@ def test_several_jobs_answer_as_each_alone() -> None:
     assert together == [job.answer(outs) for job, outs in zip(jobs, outputs, strict=True)]
     assert "token" in together[0][0][0] and "token" not in together[1][0][0]
     # a third job: its rows start after both others' (each job's rows found by offset)
-    third = sparse.Job(pkg, ["film", "a cat"], prompt="query: ")
+    third = sparse.Job(
+        dataclasses.replace(pkg, prompts={"q": "query: "}),
+        ["film", "a cat"],
+        sparse.Options(prompt_name="q"),
+    )
     assert third.texts == ["query: film", "query: a cat"]
     third.rows(tokenizer, tokenizer.encode_batch(third.texts, add_special_tokens=False))
     vectors = np.maximum(rng.normal(size=(2, 40)), 0).astype(np.float32)
@@ -112,7 +119,7 @@ def test_a_dense_package_and_bad_inputs_are_refused() -> None:
         sparse.Job(pkg, ["a", 3])  # type: ignore[list-item]
     long_text = "the cat sat on the mat " * 40
     with pytest.raises(InvalidInput, match="more than max_seq_length"):
-        run_job(pkg, sparse.Job(pkg, [long_text], truncate=False))
+        run_job(pkg, sparse.Job(pkg, [long_text], sparse.Options(truncate=False)))
     job = sparse.Job(pkg, [long_text])
     run_job(pkg, job)
     assert job.truncated == 1

@@ -68,7 +68,9 @@ def assert_same(ours: list[dict], theirs: list[dict]) -> None:
 @pytest.mark.parametrize("multi_label", [False, True])
 @pytest.mark.parametrize("name", list(NLI))
 def test_answers_equal_the_pipeline(packages: dict, name: str, multi_label: bool):
-    job = zero_shot.Job(packages[name], TEXTS, LABELS, multi_label=multi_label)
+    job = zero_shot.Job(
+        packages[name], TEXTS, zero_shot.Options(candidate_labels=LABELS, multi_label=multi_label)
+    )
     ours = run_job(packages[name], job)
     assert_same(ours, pipeline(name)(TEXTS, candidate_labels=LABELS, multi_label=multi_label))
     assert job.truncated == 1  # the third text, cut beside every hypothesis: counted once
@@ -85,7 +87,11 @@ def test_answers_equal_the_pipeline(packages: dict, name: str, multi_label: bool
     ],  # fmt: skip
 )
 def test_options_equal_the_pipeline(packages: dict, name: str, labels: list, template: str):
-    job = zero_shot.Job(packages[name], TEXTS[:2], labels, hypothesis_template=template)
+    job = zero_shot.Job(
+        packages[name],
+        TEXTS[:2],
+        zero_shot.Options(candidate_labels=labels, hypothesis_template=template),
+    )
     theirs = pipeline(name)(TEXTS[:2], candidate_labels=labels, hypothesis_template=template)
     assert_same(run_job(packages[name], job), theirs)
     assert job.truncated == 0
@@ -94,8 +100,12 @@ def test_options_equal_the_pipeline(packages: dict, name: str, labels: list, tem
 def test_the_labels_name_the_entailment_and_contradiction(packages: dict):
     bert, roberta = packages["bert"], packages["roberta"]
     assert zero_shot.entailment_id(bert) == 0 and zero_shot.entailment_id(roberta) == 2
-    assert zero_shot.Job(bert, ["a"], ["x"]).contradiction == -1  # entailment first: the last
-    assert zero_shot.Job(roberta, ["a"], ["x"]).contradiction == 0
+    assert (
+        zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x"])).contradiction == -1
+    )  # entailment first: the last
+    assert (
+        zero_shot.Job(roberta, ["a"], zero_shot.Options(candidate_labels=["x"])).contradiction == 0
+    )
     assert zero_shot.is_nli(bert) and zero_shot.is_nli(roberta)
     assert zero_shot.hypotheses(["a", "b"], "It is {}!") == ["It is a!", "It is b!"]
 
@@ -106,20 +116,20 @@ def test_what_cannot_be_asked_is_refused(packages: dict, tmp_path):
     sentiment = read_package(export_package(plain, "classification", tmp_path / "s", verbose=False).path)  # fmt: skip
     assert not zero_shot.is_nli(sentiment)
     refusals = [
-        (lambda: zero_shot.Job(sentiment, ["a"], ["x"]),
+        (lambda: zero_shot.Job(sentiment, ["a"], zero_shot.Options(candidate_labels=["x"])),
          f"model {sentiment.name!r} has no entailment label (its labels: negative, positive): "
          "zero-shot classification needs an NLI model whose labels name entailment"),
-        (lambda: zero_shot.Job(bert, ["a"], []),
+        (lambda: zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=[])),
          "candidate_labels is empty; send at least one label"),
-        (lambda: zero_shot.Job(bert, ["a"], ["x"], hypothesis_template="no slot"),
+        (lambda: zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x"], hypothesis_template="no slot")),
          "hypothesis_template 'no slot' has no {} for the label to go in"),
-        (lambda: zero_shot.Job(bert, ["a"], ["x"], hypothesis_template="{0} {1}"),
+        (lambda: zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x"], hypothesis_template="{0} {1}")),
          "hypothesis_template '{0} {1}' cannot be formatted (Replacement index 1 out of range "
          "for positional args tuple); put {} where the label goes"),
-        (lambda: zero_shot.Job(bert, ["a"], ["x"], hypothesis_template="{label}"),
+        (lambda: zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x"], hypothesis_template="{label}")),
          "hypothesis_template '{label}' cannot be formatted ('label'); put {} where the label "
          "goes"),
-        (lambda: zero_shot.Job(bert, ["a"], ["x"], hypothesis_template="{:d}"),
+        (lambda: zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x"], hypothesis_template="{:d}")),
          "hypothesis_template '{:d}' cannot be formatted (Unknown format code 'd' for object of "
          "type 'str'); put {} where the label goes"),
     ]  # fmt: skip
@@ -131,7 +141,7 @@ def test_what_cannot_be_asked_is_refused(packages: dict, tmp_path):
     label = "word " * 60
     hypothesis = len(tok(zero_shot.DEFAULT_TEMPLATE.format(label), add_special_tokens=False)["input_ids"])  # fmt: skip
     with pytest.raises(InvalidInput) as long:
-        run_job(bert, zero_shot.Job(bert, ["a"], ["x", label]))
+        run_job(bert, zero_shot.Job(bert, ["a"], zero_shot.Options(candidate_labels=["x", label])))
     assert str(long.value) == (
         f"a hypothesis is {hypothesis} tokens, more than this model's window of {WINDOW} "
         "leaves; shorten the label or the template"
@@ -150,7 +160,7 @@ def test_a_hypothesis_that_fills_the_window_leaves_no_room_for_the_text(packages
     while hypothesis(label + " a") <= WINDOW - 3:
         label += " a"
     assert hypothesis(label) == WINDOW - 3  # room 0 beside it
-    job = zero_shot.Job(packages["bert"], ["a cat"], [label])
+    job = zero_shot.Job(packages["bert"], ["a cat"], zero_shot.Options(candidate_labels=[label]))
     [answer] = run_job(packages["bert"], job)
     assert job.truncated == 1 and answer["labels"] == [label]
 
@@ -161,7 +171,10 @@ def test_jobs_answered_together_each_get_their_own(packages: dict):
 
     pkg = packages["bert"]
     tok = load_package_tokenizer(pkg.tokenizer_path)
-    jobs = [zero_shot.Job(pkg, TEXTS[:1], LABELS), zero_shot.Job(pkg, TEXTS[1:2], LABELS[::-1])]
+    jobs = [
+        zero_shot.Job(pkg, TEXTS[:1], zero_shot.Options(candidate_labels=LABELS)),
+        zero_shot.Job(pkg, TEXTS[1:2], zero_shot.Options(candidate_labels=LABELS[::-1])),
+    ]
     outputs = [
         run_rows(pkg, job.rows(tok, tok.encode_batch(job.texts, add_special_tokens=False)))
         for job in jobs
@@ -185,11 +198,18 @@ def test_texts_cut_are_counted_once_each_at_the_exact_edge(packages: dict):
     while n(text + " may") <= room:
         text += " may"
     assert n(text) == room
-    exact = zero_shot.Job(packages["bert"], [text], [long_label.strip(), short_label])
+    exact = zero_shot.Job(
+        packages["bert"],
+        [text],
+        zero_shot.Options(candidate_labels=[long_label.strip(), short_label]),
+    )
     run_job(packages["bert"], exact)
     assert exact.truncated == 0
-    over = zero_shot.Job(packages["bert"], [text + " may", text + " may may", "a cat"],
-                         [long_label.strip(), short_label])  # fmt: skip
+    over = zero_shot.Job(
+        packages["bert"],
+        [text + " may", text + " may may", "a cat"],
+        zero_shot.Options(candidate_labels=[long_label.strip(), short_label]),
+    )
     run_job(packages["bert"], over)
     assert over.truncated == 2
 
@@ -198,7 +218,11 @@ def test_texts_cut_are_counted_once_each_at_the_exact_edge(packages: dict):
 def test_scores_stay_finite_for_large_logits(packages: dict, multi_label: bool):
     """Softmaxes are taken per text (and per label when labels are independent) after
     subtracting that softmax's own largest logit."""
-    job = zero_shot.Job(packages["bert"], ["a", "b"], ["x", "y"], multi_label=multi_label)
+    job = zero_shot.Job(
+        packages["bert"],
+        ["a", "b"],
+        zero_shot.Options(candidate_labels=["x", "y"], multi_label=multi_label),
+    )
     # entailment is label 0 (the last is contradiction); text "a" huge logits, "b" small
     logits = [[1000.0, 0.0, 0.0], [990.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     outputs = [{"logits": np.array(row, dtype=np.float32)} for row in logits]

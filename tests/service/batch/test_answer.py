@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from heads.rows import InvalidInput
+from heads.tasks import embed
 from service.batch.answer import CHUNK, answer_rows
 from service.batch.tasks import TASKS
 from service.errors import ModelNotFound, PayloadTooLarge
@@ -34,8 +35,8 @@ class Recorder:
     def call(self, where: str) -> Any:
         return SimpleNamespace(alone=False)
 
-    async def embed(self, texts: list[str], call: Any, **options: Any) -> np.ndarray:
-        assert call.alone  # batched with no other call's rows
+    async def answer(self, options: Any, texts: list[str], model: Any, call: Any) -> np.ndarray:
+        assert isinstance(options, embed.Options) and call.alone  # batched alone
         self.calls.append(list(texts))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from heads.tasks import TaskOptions, tokenize
 from service.batch.run import Plan, run
 from service.batch.tasks import TASKS
 from service.settings import Settings
@@ -186,7 +187,6 @@ async def test_zero_shot(models: Path, served: Service, tmp_path: Path, options:
 
 
 def test_every_task_the_server_runs_has_a_batch_task() -> None:
-    """The engine's tasks with an HTTP endpoint (tokenize and decode are tools, not answers)."""
-    assert {t.method for t in TASKS.values()} == {
-        "classify", "ner", "qa", "embed", "embed_sparse", "rerank", "zero_shot", "fill_mask"
-    }  # fmt: skip
+    """Every task's options (heads.tasks) but tokenize's and decode's (tools, not answers)."""
+    tools = {tokenize.TokenizeOptions, tokenize.DecodeOptions}
+    assert {t.request.OPTIONS for t in TASKS.values()} == set(TaskOptions.__subclasses__()) - tools
