@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -362,6 +363,23 @@ def longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
         short = budget // 2
         long_ = short + budget % 2
     return (long_, short) if len_a > len_b else (short, long_)
+
+
+class Windowed:
+    """A text cut into windows, each a model row (`sequence`): heads.tasks.ner's texts and
+    heads.tasks.qa's contexts. Its dataclass declares `windows`."""
+
+    __slots__ = ()
+    windows: list[Any]
+
+    @property
+    def sequences(self) -> list[ModelRow]:
+        return [w.sequence for w in self.windows]
+
+    @property
+    def windowed(self) -> bool:
+        """More than one window."""
+        return len(self.windows) > 1
 
 
 def windows(n_tokens: int, room: int, stride: int) -> list[tuple[int, int]]:

@@ -43,6 +43,7 @@ from heads.rows import (
     ModelRow,
     Outputs,
     Tokens,
+    Windowed,
     encode,
     row,
     template,
@@ -79,20 +80,12 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
-class WindowedText:
+class WindowedText(Windowed):
     """A text, its tokens, and the windows (model rows) that cover them."""
 
     text: str
     tokens: Tokens
     windows: list[Window]
-
-    @property
-    def sequences(self) -> list[ModelRow]:
-        return [w.sequence for w in self.windows]
-
-    @property
-    def windowed(self) -> bool:
-        return len(self.windows) > 1
 
 
 def default_stride(max_seq_length: int) -> int:

@@ -43,6 +43,7 @@ from heads.rows import (
     ModelRow,
     Outputs,
     Tokens,
+    Windowed,
     encode,
     row,
     template,
@@ -82,19 +83,11 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
-class WindowedContext:
+class WindowedContext(Windowed):
     """A context and the windows (model rows) that cover it, each beside the question."""
 
     context: str
     windows: list[Window]
-
-    @property
-    def sequences(self) -> list[ModelRow]:
-        return [w.sequence for w in self.windows]
-
-    @property
-    def windowed(self) -> bool:
-        return len(self.windows) > 1
 
 
 def _word_spans(offsets: np.ndarray, words: np.ndarray) -> np.ndarray:
