@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from heads.rows import ModelRow, pad
-from service.batcher import CPU_PAD_LIMIT, pad_limit
 from service.job_queue import next_batch
 from service.runtime import CPU, OrtBackend, cuda_provider, preload_cuda_libraries
 from service.settings import Settings
+from service.stages.infer import CPU_PAD_LIMIT, pad_limit
 
 
 def open_session(model_path: Path, threads: int, spinning: bool, device: str = "cpu") -> OrtBackend:
@@ -49,7 +49,7 @@ def _batches(
     """`size` rows a batch, in arrival order or sorted; or ("window") the service's own
     batcher's batches when `size` rows are in flight: each window of `size` arrival-order rows
     cut by `next_batch` as the batcher cuts its queue (default token and size limits; the
-    padding `limit` of the provider, `service.batcher.pad_limit`)."""
+    padding `limit` of the provider, `service.stages.infer.pad_limit`)."""
     if order == "window":
         return [b for i in range(0, len(rows), size) for b in _policy(rows[i : i + size], limit)]
     if order == "sorted":  # what a batcher with unlimited choice could do: no padding to speak of

@@ -77,6 +77,9 @@ TARGETS = {
     "rows": Target("heads/rows.py", TASK_TESTS),
     "job_queue": Target("service/job_queue.py", BATCHING_TESTS),
     "batcher": Target("service/batcher.py", BATCHING_TESTS),
+    "encode": Target("service/stages/encode.py", BATCHING_TESTS),
+    "infer": Target("service/stages/infer.py", BATCHING_TESTS),
+    "answer": Target("service/stages/answer.py", BATCHING_TESTS),
     # the export's parity code: the probes and the comparison that package.json records
     "export_parity": Target(
         "training/export.py",

@@ -109,7 +109,7 @@ def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_
 
     from benchmarks._engine import _batches
     from heads.rows import ModelRow
-    from service.batcher import CPU_PAD_LIMIT
+    from service.stages.infer import CPU_PAD_LIMIT
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 60, size=100)

@@ -9,7 +9,7 @@ Each task's request options are one frozen dataclass, its module's `Options` (a
 against them), which the engine, the batch command and v2's parameters pass as they are.
 `options.job(package, inputs)` makes the service's `Job`, one per request: the batcher encodes the texts of the jobs that arrived together
 (`encode_batch`, Rust, off the GIL; on the event loop when they are short, see
-service.batcher.INLINE_CHARS), asks each job for its rows, and, once a job's last row has run,
+service.stages.encode.INLINE_CHARS), asks each job for its rows, and, once a job's last row has run,
 for its answer.
 """
 

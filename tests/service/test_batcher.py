@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from heads.rows import InvalidInput, ModelRow, Outputs
-from service.batcher import INLINE_CHARS, SERIAL_BELOW, Batcher, pad
+from service.batcher import Batcher, pad
 from service.errors import BackendError, DeadlineExceeded, NotReady, Overloaded
 from service.job_queue import WINDOW_FACTOR, Admission, JobQueue, Timing, grow_batch, next_batch
 from service.metrics import Metrics
+from service.stages.encode import INLINE_CHARS, SERIAL_BELOW
 
 pytestmark = pytest.mark.anyio
 
