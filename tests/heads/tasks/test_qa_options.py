@@ -123,80 +123,33 @@ def squad() -> ModelPackage:
 
 
 def test_a_jobs_options_reach_its_answer(squad: ModelPackage) -> None:
+    # every option given, so a changed default cannot pass for the option's effect
+    given = {"top_k": 1, "max_answer_len": 15, "max_seq_len": 384, "doc_stride": None,
+             "handle_impossible_answer": False}  # fmt: skip
+
+    def job(pairs: list[tuple[str, str]], **changes: Any) -> qa.Job:
+        return qa.Job(squad, pairs, qa.Options(**{**given, **changes}))
+
     pairs = [(QUESTION, CONTEXT), ("who", "anna flew to lisbon in may")]
-    [best, other] = run_job(
-        squad,
-        qa.Job(
-            squad,
-            pairs,
-            qa.Options(
-                top_k=1,
-                max_answer_len=15,
-                max_seq_len=384,
-                doc_stride=None,
-                handle_impossible_answer=False,
-            ),
-        ),
-    )
+    [best, other] = run_job(squad, job(pairs))
     assert isinstance(best, dict) and best["answer"] == CONTEXT[best["start"] : best["end"]]
     assert isinstance(other, dict)
-    two = run_job(
-        squad,
-        qa.Job(
-            squad,
-            pairs[:1],
-            qa.Options(
-                top_k=2,
-                max_answer_len=15,
-                max_seq_len=384,
-                doc_stride=None,
-                handle_impossible_answer=False,
-            ),
-        ),
-    )
+    two = run_job(squad, job(pairs[:1], top_k=2))
     assert [len(a) for a in two] == [2] and two[0][0]["score"] >= two[0][1]["score"]
     # (the first of two need not be the best of one: with top_k 2 more spans per window are
     # looked at, and spans that widen to the same words add up, as in the pipeline)
-    many = {"top_k": 500, "max_answer_len": 15, "max_seq_len": 384, "doc_stride": None}
-    [plain] = run_job(
-        squad, qa.Job(squad, pairs[:1], qa.Options(handle_impossible_answer=False, **many))
-    )
-    [null] = run_job(
-        squad, qa.Job(squad, pairs[:1], qa.Options(handle_impossible_answer=True, **many))
-    )
+    [plain] = run_job(squad, job(pairs[:1], top_k=500))
+    [null] = run_job(squad, job(pairs[:1], top_k=500, handle_impossible_answer=True))
     assert "" not in [a["answer"] for a in plain] and "" in [a["answer"] for a in null]
     # max_answer_len 1: one-word answers only; a stride given is the stride used
-    short = run_job(
-        squad,
-        qa.Job(
-            squad,
-            pairs[:1],
-            qa.Options(
-                top_k=500,
-                max_answer_len=1,
-                max_seq_len=384,
-                doc_stride=None,
-                handle_impossible_answer=False,
-            ),
-        ),
-    )[0]
+    short = run_job(squad, job(pairs[:1], top_k=500, max_answer_len=1))[0]
     assert all(" " not in a["answer"] for a in short) and len(short) < len(plain)
     rows = {}
     for stride in (0, 6):
-        job = qa.Job(
-            squad,
-            pairs[:1],
-            qa.Options(
-                top_k=1,
-                max_answer_len=15,
-                max_seq_len=16,
-                doc_stride=stride,
-                handle_impossible_answer=False,
-            ),
-        )
-        run_job(squad, job)
-        rows[stride] = sum(len(c.windows) for c in job._contexts)
-        assert job.stride == stride and job.windowed == 1
+        windowed = job(pairs[:1], max_seq_len=16, doc_stride=stride)
+        run_job(squad, windowed)
+        rows[stride] = sum(len(c.windows) for c in windowed._contexts)
+        assert windowed.stride == stride and windowed.windowed == 1
     assert rows[6] > rows[0] > 1  # windows that share 6 tokens: more of them
 
 
