@@ -61,7 +61,7 @@ test-no-data: install-dev  ## the tests that read ../shared/data, with it hidden
 	rm -rf build/no-shared-data && mkdir -p build/no-shared-data
 	BERT_HEADS_TEST_DATA=$(CURDIR)/build/no-shared-data BERT_HEADS_ONLY_SHARED=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
-test-slow: install-dev  ## the slow-marked tests: the docs' training commands, MiniLM end to end, a soak (CI runs it)
+test-slow: install-dev  ## the slow-marked tests: the docs' training commands, MiniLM end to end, a soak, the families over HTTP (CI runs it)
 	$(BIN)/python -m pytest -q -m slow -p no:cacheprovider
 
 # Ray is heavy (240 MB installed, and a local instance takes 20-60 s to start on 2 busy cores):

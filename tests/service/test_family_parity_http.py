@@ -29,7 +29,9 @@ from tests.heads.tasks.test_ner import STRATEGIES, UNICODE_TEXTS
 from tests.heads.tasks.test_qa import UNICODE_PAIRS
 from tests.service.conftest import Service, serve
 
-pytestmark = [pytest.mark.shared, pytest.mark.anyio]
+# slow: ~65 s, mostly exporting 28 packages; the same numerics without HTTP are in the unit
+# suite (tests/training/test_family_export.py), this whole path in CI's slow stage
+pytestmark = [pytest.mark.shared, pytest.mark.anyio, pytest.mark.slow]
 
 TASKS = {
     "classify": "classification",

@@ -23,6 +23,10 @@ from tests.service.conftest import LiveServer
 from tests.training import test_st_folders as folders  # skips without torch / sentence-transformers
 from training import export
 
+# slow: ~17 s of exports and a live server; the same folders against sentence-transformers
+# without HTTP stay in the unit suite (tests/training/test_st_folders.py)
+pytestmark = pytest.mark.slow
+
 TEXTS = [*folders.TEXTS, "query: a text that already has a prefix", "x " * 40]
 CASES = {  # package name -> family, pooling, Dense activations, Normalize
     **{f"{family}-{pooling}{'-dense-norm' * both}": (family, pooling, ("tanh",) * both, both)

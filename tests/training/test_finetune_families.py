@@ -24,6 +24,10 @@ from training.tokenizer import load_tokenizer
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+# slow: ~40 s, a fine-tuning run per family and head; tests/training/test_finetune.py keeps
+# BERT's in the unit suite, CI's slow stage runs these
+pytestmark = pytest.mark.slow
+
 DATA = REPO / "examples" / "data"
 PAIRS = [
     ("A man is playing a guitar.", "Someone plays the guitar."),
