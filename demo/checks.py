@@ -393,7 +393,8 @@ def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[st
     if package.task == "classification" and "relevant" in labels:
         right = 0
         for query, documents, gold in RERANK:
-            best = _run_job(runner, tokenizer, rerank.Job(package, query, documents))[0]
+            job = rerank.Job(package, documents, rerank.Options(query=query))
+            best = _run_job(runner, tokenizer, job)[0]
             right += best["index"] == gold
             if best["index"] != gold:
                 misses.append(f"{query!r}: {documents[best['index']]!r} {best['score']:.2f}")
@@ -402,7 +403,8 @@ def score_package(package_dir: str | Path, show_errors: bool = False) -> dict[st
         right = 0
         for text, candidates, hypothesis, gold in ZERO_SHOT:
             extra = {"hypothesis_template": hypothesis} if hypothesis else {}
-            job = zero_shot.Job(package, [text], candidates, **extra)
+            options = zero_shot.Options(candidate_labels=candidates, **extra)
+            job = zero_shot.Job(package, [text], options)
             ans = _run_job(runner, tokenizer, job)[0]
             right += ans["labels"][0] == gold
             if ans["labels"][0] != gold:
