@@ -22,7 +22,6 @@ rerank row whose documents cell is one text is ranked as the list of that one do
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,8 +61,7 @@ class Task:
 
     def option_fields(self) -> list[str]:
         """The body's fields that are task options (heads.tasks), less the inputs."""
-        taken = {f.name for f in dataclasses.fields(self.request.OPTIONS)}
-        return [f for f in self.request.model_fields if f in taken and f not in self.placeholder]
+        return [f for f in self.request.option_fields if f not in self.placeholder]
 
     def options(self, given: dict[str, Any]) -> dict[str, Any]:
         """The task options for `given` (flag values by field name), checked by the endpoint's
