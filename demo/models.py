@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.task_data import NLI_LABELS, RERANK_LABELS
-from heads.contract import MANIFEST
+from heads.contract import MANIFEST, SPARSE_POOLINGS, TOKEN_EMBEDDINGS
 from heads.package import write_package
 from training.cli import option, parse
 
@@ -139,7 +139,7 @@ FINETUNED = DEMO_HEADS | TASK_HEADS
 # service.selection): a user who adds a model of their own beside them gets the same answers
 # from the README's requests that name no model (theirs: name it, or --default-model).
 DEFAULT_FOR = {
-    EMBEDDING: ["embedding"],
+    EMBEDDING: ["embedding", "token-embedding"],
     "demo-sentiment": ["classification"],
     "demo-ner": ["token-classification"],
     "demo-qa": ["question-answering"],
@@ -149,15 +149,33 @@ DEFAULT_FOR = {
 EMBEDDING_SECONDS = 5.0
 
 
+def outdated(folder: Path) -> bool:
+    """An embedding package of a build from before /embed_all (no token_embeddings output): it
+    is built again (about 5 s), where package.json alone cannot add a graph output."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    names = {o.get("name") for o in manifest.get("outputs", [])}
+    return (
+        manifest.get("task") == "embedding"
+        and TOKEN_EMBEDDINGS not in names
+        and (manifest.get("pooling") not in SPARSE_POOLINGS)
+    )
+
+
 def bring_up_to_date(folder: Path, name: str) -> bool:
     """A package of an older build, from before packages said what they read and which request
     task they are the default of: add both to its package.json (hashes recomputed), so that it
     serves as a fresh build does. True when it changed."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    if "default_for" in manifest or name not in DEFAULT_FOR:
+    declared = manifest.get("default_for", [])
+    if name not in DEFAULT_FOR or (
+        "default_for" in manifest and set(DEFAULT_FOR[name]) <= set(declared)
+    ):
         return False
-    added: dict[str, Any] = {"default_for": DEFAULT_FOR[name]}
-    if manifest.get("task") == "classification":  # the demo data: sentences, or pairs
+    # a request task added since (token-embedding: /embed_all) joins what it declared
+    added: dict[str, Any] = {"default_for": list(dict.fromkeys([*declared, *DEFAULT_FOR[name]]))}
+    if (
+        manifest.get("task") == "classification" and "reads" not in manifest
+    ):  # the demo data: sentences, or pairs
         added["reads"] = "pairs" if name in TASK_HEADS else "single"
     kept = {k: v for k, v in manifest.items() if k not in ("format", "sha256")}
     write_package(folder, kept | added)
@@ -377,7 +395,7 @@ def build(
     offered = [*DEMO_HEADS, EMBEDDING, *(TASK_HEADS if tasks or only else ())]
     names = [n for n in offered if not only or n in only]
     out.mkdir(parents=True, exist_ok=True)
-    todo = [n for n in names if force or not (out / n / MANIFEST).exists()]
+    todo = [n for n in names if force or not (out / n / MANIFEST).exists() or outdated(out / n)]
     # A head that starts from another's checkpoint needs that one trained in this build.
     for n in list(todo):
         if (parent := FINETUNED[n].after if n in FINETUNED else None) and parent not in todo:

@@ -6,7 +6,10 @@ scores through them. Dependency-free on purpose: importing it pulls in nothing.
 
 from __future__ import annotations
 
-TASKS = ("classification", "token-classification", "question-answering", "embedding", "fill-mask")
+TASKS = (
+    "classification", "token-classification", "question-answering", "embedding", "fill-mask",
+    "late-interaction",
+)  # fmt: skip
 
 # The graph's inputs, in the order the exporter declares them; every package takes all three.
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -20,7 +23,12 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "question-answering": ("start_logits", "end_logits"),
     "embedding": ("embeddings",),
     "fill-mask": ("logits",),
+    "late-interaction": ("token_embeddings",),
 }
+
+# Every token's vector (B, T, D): a dense embedding package's last hidden state (POST /embed_all),
+# a late-interaction (ColBERT) package's projected one. The service L2-normalises it.
+TOKEN_EMBEDDINGS = "token_embeddings"
 
 # Embedding packages exported with --hidden-states also answer every layer's states pooled
 # both ways, (B, L + 1, H) each (Devlin et al. §5.3 feature-based use: /embed `layers`).
@@ -53,9 +61,22 @@ POOLED_TASKS = ("embedding", "classification")  # the heads a dense pooling choi
 REQUEST_TASKS: dict[str, str] = {
     **{task: task for task in TASKS},
     "sparse-embedding": "embedding",
+    "token-embedding": "embedding",  # /embed_all: every token's vector
     "rerank": "classification",
     "zero-shot": "classification",
 }
+# Request tasks that packages of other tasks answer too: a late-interaction (ColBERT) package
+# reranks by MaxSim and answers /embed_all with its token vectors.
+ALSO_ANSWERED_BY: dict[str, tuple[str, ...]] = {
+    "rerank": ("late-interaction",),
+    "token-embedding": ("late-interaction",),
+}
+
+
+def answering_tasks(use: str) -> tuple[str, ...]:
+    """The package tasks that answer request task `use` (a KeyError for an unknown one)."""
+    return (REQUEST_TASKS[use], *ALSO_ANSWERED_BY.get(use, ()))
+
 
 # What a classification package reads (package.json `reads`): one text per row, or a pair of
 # texts (NLI, paraphrase, a cross-encoder's query and document). A package written before the

@@ -32,6 +32,7 @@ from heads.contract import (
     TASKS,
     TOKENIZER,
     VARIANTS,
+    answering_tasks,
 )
 
 FORMAT_VERSION = 1
@@ -91,6 +92,10 @@ class ModelPackage:
     # the request tasks (REQUEST_TASKS) this package answers when several loaded packages
     # could and the request names none (service.selection); () declares nothing
     default_for: tuple[str, ...] = ()
+    # late-interaction (ColBERT): how rows are built and which vectors answer (query/document
+    # prefix and its id, lengths, query expansion, mask_id, skiplist_ids, source; see
+    # LATE_INTERACTION_FIELDS); None for every other task
+    late_interaction: dict[str, Any] | None = None
 
     @property
     def pad_token_id(self) -> int | None:
@@ -189,6 +194,9 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         raise bad(problem)
     if not isinstance(m["max_seq_length"], int) or m["max_seq_length"] < 2:
         raise bad(f"max_seq_length {m['max_seq_length']!r} is not an integer >= 2")
+    late_interaction = m.get("late_interaction")
+    if problem := late_interaction_problem(late_interaction, m["task"], m["max_seq_length"]):
+        raise bad(problem)
 
     variants, sha256, prefer = m["variants"], m["sha256"], m["prefer"]
     for field in ("sha256", "prefer"):
@@ -239,6 +247,7 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         special_tokens=dict(special_tokens),
         reads=reads,
         default_for=tuple(default_for),
+        late_interaction=dict(late_interaction) if late_interaction is not None else None,
     )
 
 
@@ -251,9 +260,11 @@ def default_for_problem(
         return "default_for must be a list of request tasks"
     sparse = pooling in SPARSE_POOLINGS
     for use in default_for:
-        wrong_kind = task == "embedding" and sparse != (use == "sparse-embedding")
-        if REQUEST_TASKS.get(use) != task or wrong_kind:
-            fits = [u for u, t in REQUEST_TASKS.items() if t == task]
+        wrong_kind = task == "embedding" and (
+            (use == "sparse-embedding") != sparse or (use == "token-embedding" and sparse)
+        )
+        if use not in REQUEST_TASKS or task not in answering_tasks(use) or wrong_kind:
+            fits = [u for u in REQUEST_TASKS if task in answering_tasks(u)]
             return (
                 f"default_for names {use!r}, which a {task} package does not answer "
                 f"(one of {', '.join(fits)})"
@@ -263,6 +274,65 @@ def default_for_problem(
                 f"default_for names {use!r}, which scores pairs, but the package reads single texts"
             )
     return None
+
+
+# A late-interaction package's `late_interaction` block: field -> the types it may hold (a
+# prefix and its id are null together: no marker token). training.late_interaction writes it.
+LATE_INTERACTION_FIELDS: dict[str, tuple[type, ...]] = {
+    "query_prefix": (str, type(None)),
+    "query_prefix_id": (int, type(None)),
+    "document_prefix": (str, type(None)),
+    "document_prefix_id": (int, type(None)),
+    "query_length": (int,),
+    "document_length": (int,),
+    "query_expansion": (bool,),
+    "attend_to_expansion_tokens": (bool,),
+    "mask_id": (int, type(None)),
+    "skiplist_ids": (list,),
+    "source": (str,),
+}
+LATE_INTERACTION_SOURCES = ("pylate", "colbert-ai")
+
+
+def late_interaction_problem(block: Any, task: str, max_seq_length: Any) -> str | None:
+    """What is wrong with a package's `late_interaction` block (None: nothing): present, with
+    every field of its type, exactly when the task is late-interaction; lengths that fit the
+    graph's window; a mask id when queries are expanded."""
+    if task != "late-interaction":
+        if block is not None:
+            return f"late_interaction is for late-interaction packages, not {task}"
+        return None
+    if not isinstance(block, dict):
+        return "a late-interaction package needs a 'late_interaction' object"
+    for name, types in LATE_INTERACTION_FIELDS.items():
+        value = block.get(name)
+        if name not in block or isinstance(value, bool) and bool not in types:
+            return f"late_interaction.{name} is missing or not {_type_names(types)}"
+        if not isinstance(value, types):
+            return f"late_interaction.{name} {value!r} is not {_type_names(types)}"
+    for side in ("query", "document"):
+        if (block[f"{side}_prefix"] is None) != (block[f"{side}_prefix_id"] is None):
+            return f"late_interaction.{side}_prefix and {side}_prefix_id must be null together"
+        length = block[f"{side}_length"]
+        if not 2 <= length <= max_seq_length:
+            return (
+                f"late_interaction.{side}_length {length} is outside 2..{max_seq_length} "
+                "(max_seq_length)"
+            )
+    if block["query_expansion"] and block["mask_id"] is None:
+        return "late_interaction.query_expansion needs a mask_id to expand queries with"
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in block["skiplist_ids"]):
+        return "late_interaction.skiplist_ids must be a list of token ids"
+    if block["source"] not in LATE_INTERACTION_SOURCES:
+        return (
+            f"late_interaction.source {block['source']!r} is not one of "
+            f"{', '.join(LATE_INTERACTION_SOURCES)}"
+        )
+    return None
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
 
 
 def _agreement_problem(parity: Any) -> str | None:

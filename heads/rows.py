@@ -37,11 +37,14 @@ class InvalidInput(ValueError):
 class ModelRow:
     """One unpadded model input row. `pad` pads rows and builds the attention mask.
 
-    input_ids, token_type_ids: (L,) int64.
+    input_ids, token_type_ids: (L,) int64. attended: how many leading tokens the attention
+    mask covers (None: all L); a ColBERT query's expansion tokens after them run, and answer
+    vectors, unattended (heads.tasks.late_interaction).
     """
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
+    attended: int | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -54,7 +57,7 @@ Outputs = dict[str, np.ndarray]
 
 
 def pad(rows: list[ModelRow], pad_token_id: int = 0) -> dict[str, np.ndarray]:
-    """Rows -> int64 feeds (B, T), T = longest row; attention_mask 1 on real tokens."""
+    """Rows -> int64 feeds (B, T), T = longest row; attention_mask 1 on real, attended tokens."""
     longest = max(len(row) for row in rows)
     input_ids = np.full((len(rows), longest), pad_token_id, dtype=np.int64)
     token_type_ids = np.zeros((len(rows), longest), dtype=np.int64)
@@ -63,7 +66,7 @@ def pad(rows: list[ModelRow], pad_token_id: int = 0) -> dict[str, np.ndarray]:
         n = len(row)
         input_ids[k, :n] = row.input_ids
         token_type_ids[k, :n] = row.token_type_ids
-        attention_mask[k, :n] = 1
+        attention_mask[k, : n if row.attended is None else row.attended] = 1
     feeds = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

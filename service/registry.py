@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-from heads.contract import MANIFEST, OUTPUT_NAMES, REQUEST_TASKS
+from heads.contract import MANIFEST, OUTPUT_NAMES, answering_tasks
 from heads.package import ModelPackage, read_package
 from heads.rows import encode, forget, load_package_tokenizer, pad_id, row, template
 from service.batcher import Batcher, pad
@@ -380,7 +380,7 @@ class Registry:
         """The model for a request of request task `use` (heads.contract.REQUEST_TASKS; None:
         any package, for what every package serves: /tokenize, /decode): `name` if given, else
         the one model that can answer, or the task's default (service.selection)."""
-        task = REQUEST_TASKS[use] if use is not None else None
+        tasks = answering_tasks(use) if use is not None else None
         if name is not None:
             entry = next((e for e in self.entries if e.name == name), None)
             if entry is None:
@@ -389,9 +389,10 @@ class Registry:
                 raise NotReady(f"model {name!r} is still loading")
             if entry.state == "failed" or entry.model is None:
                 raise ModelNotFound(f"model {name!r} failed to load: {entry.error}")
-            if task is not None and entry.task != task:
+            if tasks is not None and entry.task not in tasks:
                 raise InputError(
-                    f"model {name!r} is for {entry.task}; {endpoint} needs a {task} model"
+                    f"model {name!r} is for {entry.task}; {endpoint} needs a "
+                    f"{' or '.join(tasks)} model"
                 )
             if use is not None:
                 check_named(entry.model.package, use, endpoint, allow_single_text)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from heads.contract import TOKEN_EMBEDDINGS
 from heads.quality import agreement_problem
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ CUDNN_ATTENTION_ENV = "ORT_ENABLE_CUDNN_FLASH_ATTENTION"
 # graphs alone (their dynamic shapes defeat its checks), but it fuses fixed-shape ones.
 CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 Provider = str | tuple[str, dict[str, str]]  # a name, or a name and its options
+# Outputs a session hands back only when a batch's jobs ask for them (`wants`): an embedding
+# package's token vectors are (B, T, H) where its pooled vector is (B, H), and only /embed_all
+# reads them. A graph with no other output (a ColBERT package) always hands them back.
+ON_REQUEST = frozenset({TOKEN_EMBEDDINGS})
+NONE: frozenset[str] = frozenset()
 _NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
@@ -59,9 +65,12 @@ class Backend(Protocol):
         """How many run() calls may go at once, each in its own thread (1: one at a time)."""
         ...
 
-    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], alone: bool = True, wants: frozenset[str] = NONE
+    ) -> dict[str, np.ndarray]:
         """feeds: name -> (B, T) integer array; returns output name -> (B, ...) float32.
-        alone: no other run() is in flight, so a backend with lanes may give it every core."""
+        alone: no other run() is in flight, so a backend with lanes may give it every core.
+        wants: outputs fetched only when asked (ON_REQUEST), which this batch's jobs read."""
         ...
 
 
@@ -99,7 +108,9 @@ class OrtBackend:
         self._inputs = {
             i.name: _NUMPY_DTYPES.get(i.type, np.int64) for i in self.session.get_inputs()
         }
-        self._outputs = [o.name for o in self.session.get_outputs()]
+        every = [o.name for o in self.session.get_outputs()]
+        self._outputs = [o for o in every if o not in ON_REQUEST] or every
+        self._on_request = [o for o in every if o not in self._outputs]
         self.model_path = model_path
 
     @property
@@ -108,15 +119,18 @@ class OrtBackend:
         # machines without a usable GPU and then silently runs on CPU.
         return "cuda" if self.session.get_providers()[0] == CUDA else "cpu"
 
-    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], alone: bool = True, wants: frozenset[str] = NONE
+    ) -> dict[str, np.ndarray]:
         inputs = {
             name: np.asarray(feeds[name], dtype=dtype) for name, dtype in self._inputs.items()
         }
         session = self.session if alone else self._lane_session
-        outputs = session.run(self._outputs, inputs)
+        names = self._outputs + [o for o in self._on_request if o in wants]
+        outputs = session.run(names, inputs)
         return {
             name: (out.astype(np.float32) if out.dtype == np.float16 else out)
-            for name, out in zip(self._outputs, outputs, strict=True)
+            for name, out in zip(names, outputs, strict=True)
         }
 
 
@@ -244,7 +258,7 @@ def warm_up(backend: Backend, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     Raises RuntimeError when an output is not finite: a broken model fails at start-up, not
     on the first user request.
     """
-    outputs = backend.run(feeds)
+    outputs = backend.run(feeds, True, ON_REQUEST)  # every output, those fetched on request too
     for name, value in outputs.items():
         if not np.all(np.isfinite(value)):
             raise RuntimeError(f"warm-up output {name} is not finite")

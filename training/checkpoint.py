@@ -35,6 +35,13 @@ add_pooling_layer=False)`: they have no pooler, and a plain `AutoModel.from_pret
 would add a random one (with a warning). Any BERT-family sentence-transformers folder loads
 here when its modules are Transformer -> Pooling (cls, mean, max, mean_sqrt_len_tokens) ->
 Dense... -> Normalize (`read_sentence_transformers`); others are refused by name.
+
+ColBERT checkpoints (task "late-interaction", BertForLateInteraction: the encoder and a
+per-token Linear H -> D) load from a PyLate folder (modules.json Transformer -> Dense,
+config_sentence_transformers.json with the prefixes and lengths; the Dense weights become
+`linear`) or a colbert-ai one (HF_ColBERT's save_pretrained, whose file holds `linear.weight`
+beside the encoder's, and artifact.metadata); `read_late_interaction` reads how they build
+rows. Such a folder asked for as any other task is refused, naming the task to use.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from training.model import (
     DENSE_ACTIVATIONS,
     HEADS,
     BertForEmbedding,
+    BertForLateInteraction,
     BertPreTrainedHead,
     Dense,
     no_masked_lm,
@@ -309,6 +317,210 @@ def read_reads(path: str | Path) -> tuple[str, str] | None:
     return None
 
 
+# --- ColBERT folders (late interaction) ---------------------------------------------------
+
+LATE_INTERACTION = "late-interaction"
+PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"  # Python's string.punctuation, both skiplists
+# PyLate 1.0.0's defaults for what config_sentence_transformers.json leaves out (its
+# ColBERT.__init__: prefixes "[Q] " / "[D] ", query_length `or 32`, document_length `or 180`);
+# do_query_expansion is a later PyLate's key, which 1.0.0 behaves as true.
+PYLATE_DEFAULTS: dict[str, Any] = {
+    "query_prefix": "[Q] ",
+    "document_prefix": "[D] ",
+    "query_length": 32,
+    "document_length": 180,
+    "attend_to_expansion_tokens": False,
+    "do_query_expansion": True,
+}
+# colbert-ai 0.2.22's defaults (colbert/infra/config/settings.py) for what artifact.metadata
+# leaves out; the markers are vocabulary entries looked up by name (TokenizerSettings).
+COLBERT_AI_DEFAULTS: dict[str, Any] = {
+    "query_token_id": "[unused0]",
+    "doc_token_id": "[unused1]",
+    "dim": 128,
+    "query_maxlen": 32,
+    "doc_maxlen": 220,
+    "attend_to_mask_tokens": False,
+    "mask_punctuation": True,
+    "interaction": "colbert",
+}
+COLBERT_AI_METADATA = "artifact.metadata"
+HF_COLBERT = "HF_ColBERT"  # colbert-ai's class name in config.json architectures
+
+
+@dataclass(frozen=True)
+class LateInteractionFolder:
+    """How a ColBERT checkpoint builds its rows and projects its tokens, as its library reads
+    its folder (PyLate's config_sentence_transformers.json + Dense module, colbert-ai's
+    artifact.metadata + `linear` weight). Token texts only: training.late_interaction resolves
+    them to ids with the package's tokenizer, the way the library does."""
+
+    source: str  # "pylate" | "colbert-ai"
+    query_prefix: str | None  # the marker token put after the first token; None: none
+    document_prefix: str | None
+    query_length: int  # a query row's length, [CLS], marker, [SEP] and expansion included
+    document_length: int  # a document row's cap, counted the same way
+    query_expansion: bool  # queries filled up to query_length with the mask token
+    attend_to_expansion_tokens: bool
+    # PyLate: vocabulary entries (skiplist_words); colbert-ai: symbols, each standing for the
+    # first token it encodes to
+    skiplist: tuple[str, ...]
+    dimension: int  # D of the projection H -> D
+    bias: bool
+    projection: Path | None  # PyLate's Dense folder; None: `linear.*` in the model's own file
+
+
+def late_interaction_source(path: str | Path) -> str | None:
+    """The library of a ColBERT folder, "pylate" or "colbert-ai" (None: not one): a
+    modules.json naming a pylate module, or beside a config_sentence_transformers.json with
+    PyLate's query_prefix or query_length; an artifact.metadata or an HF_ColBERT config.json."""
+    directory = Path(path)
+    modules_path, st_path = directory / "modules.json", directory / ST_CONFIG
+    if modules_path.is_file():
+        kinds = [m.get("type", "") for m in json.loads(modules_path.read_text())]
+        st = json.loads(st_path.read_text()) if st_path.is_file() else {}
+        if (
+            any(k.startswith("pylate.") for k in kinds)
+            or "query_prefix" in st
+            or "query_length" in st
+        ):
+            return "pylate"
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if (directory / COLBERT_AI_METADATA).is_file() or HF_COLBERT in (
+        config.get("architectures") or []
+    ):
+        return "colbert-ai"
+    return None
+
+
+def read_late_interaction(path: str | Path) -> LateInteractionFolder | None:
+    """The folder's ColBERT settings (None: not a ColBERT folder, `late_interaction_source`).
+    What the service could not reproduce is a CheckpointError naming it."""
+    source = late_interaction_source(path)
+    if source == "pylate":
+        return _read_pylate(Path(path))
+    if source == "colbert-ai":
+        return _read_colbert_ai(Path(path))
+    return None
+
+
+def _read_pylate(directory: Path) -> LateInteractionFolder:
+    """A PyLate ColBERT folder (as PyLate 1.0.0's ColBERT.save writes it): modules.json
+    Transformer -> Dense, config_sentence_transformers.json with the prefixes and lengths."""
+    modules_path = directory / "modules.json"
+    modules = json.loads(modules_path.read_text())
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    if kinds != ["Transformer", "Dense"]:
+        raise CheckpointError(
+            f"{modules_path}: a PyLate folder with modules {' -> '.join(kinds)}; supported: "
+            "Transformer -> Dense (one projection; without it PyLate adds a random one)"
+        )
+    config_path = directory / ST_CONFIG
+    config = {**PYLATE_DEFAULTS, **_json_or_empty(config_path)}
+    if config.get("default_prompt_name"):
+        raise CheckpointError(
+            f"{config_path}: default_prompt_name {config['default_prompt_name']!r}: PyLate "
+            "puts that prompt before every text, which a late-interaction package does not"
+        )
+    words = config.get("skiplist_words")
+    dense = _read_projection(directory / modules[1]["path"])
+    return LateInteractionFolder(
+        source="pylate",
+        query_prefix=config["query_prefix"] or None,
+        document_prefix=config["document_prefix"] or None,
+        # `or`: PyLate reads a null length as its default
+        query_length=int(config["query_length"] or PYLATE_DEFAULTS["query_length"]),
+        document_length=int(config["document_length"] or PYLATE_DEFAULTS["document_length"]),
+        query_expansion=bool(config["do_query_expansion"]),
+        attend_to_expansion_tokens=bool(config["attend_to_expansion_tokens"]),
+        skiplist=tuple(words) if words is not None else tuple(PUNCTUATION),
+        dimension=dense["out_features"],
+        bias=dense["bias"],
+        projection=dense["path"],
+    )
+
+
+def _read_projection(directory: Path) -> dict[str, Any]:
+    """A PyLate Dense module's shape (its config.json) and folder. Its activation_function is
+    not read: PyLate's Dense.forward applies only the linear layer (and converts a
+    sentence-transformers Dense to one without its activation)."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: no such file (the Dense module's settings)")
+    config = json.loads(config_path.read_text())
+    return {
+        "path": directory,
+        "in_features": int(config["in_features"]),
+        "out_features": int(config["out_features"]),
+        "bias": bool(config.get("bias", True)),
+    }
+
+
+def _read_colbert_ai(directory: Path) -> LateInteractionFolder:
+    """A colbert-ai checkpoint folder (HF_ColBERT.save_pretrained + artifact.metadata, as its
+    Checkpoint.save writes it): the encoder and `linear` in the model's own file."""
+    metadata_path = directory / COLBERT_AI_METADATA
+    metadata = _json_or_empty(metadata_path)
+    metadata = metadata.get("config", metadata)  # colbert-ai reads either layout
+    config = {**COLBERT_AI_DEFAULTS, **{k: v for k, v in metadata.items() if v is not None}}
+    if config["interaction"] != "colbert":
+        raise CheckpointError(
+            f"{metadata_path}: interaction {config['interaction']!r} is not supported "
+            "(colbert: MaxSim summed over every query vector)"
+        )
+    return LateInteractionFolder(
+        source="colbert-ai",
+        query_prefix=config["query_token_id"],
+        document_prefix=config["doc_token_id"],
+        query_length=int(config["query_maxlen"]),
+        document_length=int(config["doc_maxlen"]),
+        query_expansion=True,  # QueryTokenizer.tensorize always fills with [MASK]
+        attend_to_expansion_tokens=bool(config["attend_to_mask_tokens"]),
+        skiplist=tuple(PUNCTUATION) if config["mask_punctuation"] else (),
+        dimension=int(config["dim"]),
+        bias=False,  # HF_ColBERT's nn.Linear(hidden_size, dim, bias=False)
+        projection=None,
+    )
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    """A JSON object file's contents ({} when the file is absent), as CheckpointError when it
+    is not one."""
+    if not path.is_file():
+        return {}
+    try:
+        found = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(found, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return found
+
+
+def _projection_state(folder: LateInteractionFolder, hidden_size: int) -> dict[str, Tensor]:
+    """PyLate's Dense weights under our names (linear.*), checked against its config.json;
+    {} for colbert-ai, whose `linear.weight` is in the model's own file already."""
+    if folder.projection is None:
+        return {}
+    config_path = folder.projection / "config.json"
+    in_features = _read_projection(folder.projection)["in_features"]
+    if in_features != hidden_size:
+        raise CheckpointError(
+            f"{config_path}: in_features {in_features}, but the encoder's hidden_size is "
+            f"{hidden_size}"
+        )
+    weights = load_state_dict_file(folder.projection)
+    want: dict[str, tuple[int, ...]] = {"linear.weight": (folder.dimension, hidden_size)}
+    want |= {"linear.bias": (folder.dimension,)} if folder.bias else {}
+    have = {k: tuple(v.shape) for k, v in weights.items()}
+    if have != want:
+        raise CheckpointError(
+            f"{weights_file(folder.projection)}: weights {have}, but {config_path} makes {want}"
+        )
+    return weights
+
+
 def _read_config(directory: Path) -> tuple[BertConfig, dict[str, Any]]:
     path = directory / "config.json"
     try:
@@ -531,8 +743,9 @@ def load_model(
     """A head from a checkpoint folder, in eval mode.
 
     task: one of HEADS (pretraining, classification, token-classification, question-answering,
-    embedding, fill-mask); None reads it from config.json's architectures (BertModel or a
-    sentence-transformers folder -> embedding; RobertaForMaskedLM... -> fill-mask, but
+    embedding, fill-mask) or late-interaction (a ColBERT folder, BertForLateInteraction); None
+    reads it from the folder (a PyLate or colbert-ai folder -> late-interaction) or config.json's
+    architectures (BertModel or a sentence-transformers folder -> embedding; RobertaForMaskedLM... -> fill-mask, but
     BertForMaskedLM / AlbertForMaskedLM -> pretraining, as bert-base-uncased's file holds
     NSP). labels / problem_type override config.json's id2label / problem_type; head_args go
     to the head (num_labels; pooling, normalize, whose defaults come from the
@@ -551,9 +764,17 @@ def load_model(
             raise CheckpointError(
                 f"{file}: sha256 {actual} does not match expected {expected_sha256}"
             )
-    task = task or _infer_task(directory, raw)
-    if task not in HEADS:
-        raise CheckpointError(f"unknown task {task!r}; choose one of {', '.join(HEADS)}")
+    colbert = late_interaction_source(path)
+    task = task or (LATE_INTERACTION if colbert else _infer_task(directory, raw))
+    if task not in HEADS and task != LATE_INTERACTION:
+        raise CheckpointError(
+            f"unknown task {task!r}; choose one of {', '.join([*HEADS, LATE_INTERACTION])}"
+        )
+    if colbert and task != LATE_INTERACTION:
+        raise CheckpointError(
+            f"{path}: a {colbert} ColBERT folder (a vector per token): load it as task "
+            f"{LATE_INTERACTION!r} (python -m training.export --task {LATE_INTERACTION})"
+        )
     _check_vocab(directory, config)
 
     n = head_args.get("num_labels")
@@ -581,9 +802,22 @@ def load_model(
         )
     if task == FILL_MASK and not config.family.fill_mask:
         raise CheckpointError(f"{directory}: {no_masked_lm(config.model_type)}")
-    model = HEADS[task](config, **head_args)
+    late = read_late_interaction(path) if task == LATE_INTERACTION else None
+    if task == LATE_INTERACTION and late is None:
+        raise CheckpointError(
+            f"{path}: not a ColBERT folder: {LATE_INTERACTION} reads a PyLate folder "
+            "(modules.json Transformer -> Dense, config_sentence_transformers.json) or a "
+            f"colbert-ai one ({COLBERT_AI_METADATA}, config.json architectures {HF_COLBERT})"
+        )
+    if late is not None:
+        model: BertPreTrainedHead = BertForLateInteraction(config, late.dimension, late.bias)
+        dense_state = _projection_state(late, config.hidden_size)
+    else:
+        model = HEADS[task](config, **head_args)
     layout = config.family
     state = load_state_dict_file(directory)
+    if late is not None and late.projection is None:
+        _check_colbert_ai_linear(state, late, directory)
     # Names in BERT's layout under another family's config.json: our own names, so they would
     # load unnoticed into, say, RoBERTa's position scheme. They belong to another model.
     foreign = [k for k in state if layout.prefix != "bert." and k.startswith("bert.")]
@@ -591,6 +825,24 @@ def load_model(
     state = _match(model, _our_names(state) | dense_state, file, task, layout, foreign)
     model.load_state_dict(state, strict=False)  # _match has accounted for every key
     return model.eval()
+
+
+def _check_colbert_ai_linear(
+    state: dict[str, Tensor], folder: LateInteractionFolder, directory: Path
+) -> None:
+    """colbert-ai's `linear.weight` must be there, (dim, hidden) as artifact.metadata says:
+    without it colbert-ai starts a random projection, which scores nothing."""
+    weight = state.get("linear.weight")
+    if weight is None:
+        raise CheckpointError(
+            f"{weights_file(directory)}: no linear.weight (the colbert-ai projection); is this "
+            "a trained ColBERT checkpoint?"
+        )
+    if weight.shape[0] != folder.dimension:
+        raise CheckpointError(
+            f"{weights_file(directory)}: linear.weight {tuple(weight.shape)}, but "
+            f"{directory / COLBERT_AI_METADATA} says dim {folder.dimension}"
+        )
 
 
 def _st_dense(st: SentenceTransformersFolder, width: int) -> tuple[list[Dense], dict[str, Tensor]]:

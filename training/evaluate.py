@@ -51,7 +51,7 @@ Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 OUTPUT_NAMES = tuple(dict.fromkeys(n for names in TASK_OUTPUTS.values() for n in names))
 # The heads evaluated (and fine-tuned: training.finetune offers these) on a labelled data set;
 # fill-mask has none here (pretraining's MLM loss is its measure).
-TASKS = tuple(t for t in PACKAGE_TASKS if t != "fill-mask")
+TASKS = tuple(t for t in PACKAGE_TASKS if t not in ("fill-mask", "late-interaction"))
 
 
 def torch_runner(model: nn.Module, precision: str = "fp32") -> Runner:

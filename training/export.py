@@ -6,6 +6,7 @@
     python -m training.export --task embedding --hidden-states ...   # /embed `layers`, `pooling`
     python -m training.export --checkpoint runs/tiny --task fill-mask --out models/tiny-fill-mask
     python -m training.export --task embedding --pooling splade ...  # sparse, from a *ForMaskedLM
+    python -m training.export --checkpoint runs/colbert --task late-interaction --out models/colbert
 
 A sentence-transformers folder (--task embedding) exports its Pooling and Dense modules inside
 the graph, its Normalize as the package's `normalize`, its prompts into package.json (/embed
@@ -17,6 +18,18 @@ transformers' `clean_up_tokenization_spaces` (how the answer's sequences are dec
 --pooling splade (embedding): the same masked LM, its logits pooled in the graph into
 `embeddings` (B, V), max over the real tokens of log(1 + relu(logits)) (SPLADE; a
 sentence-transformers SparseEncoder folder exports so by default), not normalised by default.
+
+A dense embedding package also answers `token_embeddings` (B, T, H), the encoder's last hidden
+state at every position (no Dense, not normalised), for the service's /embed_all; ORT fuses the
+graph the same with it (tiny BERT: 2 Attention, 1 EmbedLayerNormalization, 4
+SkipLayerNormalization, 2 BiasGelu, before and after).
+
+late-interaction (ColBERT): a PyLate or colbert-ai folder (training.checkpoint
+.read_late_interaction) as a graph answering `token_embeddings` (B, T, D), every token's last
+hidden state through the checkpoint's projection, not normalised; package.json adds the
+`late_interaction` block (training.late_interaction: the markers, lengths, query expansion and
+skiplist as token ids of the package's tokenizer), `normalize` true and max_seq_length
+max(query_length, document_length). fp32 and fp16 only: int8 is refused (INT8_LATE_INTERACTION).
 
 classification: package.json `reads` says whether the model reads single texts or pairs (the
 service's /rerank and /zero-shot choose among pair models, and refuse a named single-text one):
@@ -90,6 +103,7 @@ from heads.contract import (
     REQUEST_TASKS,
     SPARSE_POOLINGS,
     TASKS,
+    TOKEN_EMBEDDINGS,
     VARIANT_FILES,
 )
 from heads.package import ModelPackage, default_for_problem, write_package
@@ -97,9 +111,12 @@ from heads.quality import gate_kind
 from heads.rows import pad, prepare_tokenizer, row, template
 from training import quantize
 from training.checkpoint import (
+    LATE_INTERACTION,
     CheckpointError,
+    LateInteractionFolder,
     check_vocabulary,
     load_model,
+    read_late_interaction,
     read_max_seq_length,
     read_reads,
     read_sentence_transformers,
@@ -107,6 +124,7 @@ from training.checkpoint import (
 )
 from training.cli import option, parse
 from training.families.base import FILL_MASK
+from training.late_interaction import LateInteractionError, package_block
 from training.model import (
     BertForEmbedding,
     BertForMaskedLM,
@@ -145,9 +163,11 @@ class ExportHead(nn.Module):
     """The graph the service runs: (input_ids, attention_mask, token_type_ids), each (B, T)
     int64, -> the task's outputs as a tuple, in `output_names` order. Embeddings are pooled
     and put through the model's Dense modules here, but not normalised: the service normalises
-    per request. `hidden_states` (embedding only) adds HIDDEN_STATE_OUTPUTS, the encoder's own
-    states (no Dense). A sparse pooling (embedding, `model` a BertForMaskedLM) pools the
-    masked-LM logits (B, T, V) into (B, V)."""
+    per request. A dense embedding also answers TOKEN_EMBEDDINGS, the encoder's last hidden
+    state (B, T, H) (no Dense: /embed_all), and `hidden_states` (embedding only) adds
+    HIDDEN_STATE_OUTPUTS, the encoder's own states (no Dense). A sparse pooling (embedding,
+    `model` a BertForMaskedLM) pools the masked-LM logits (B, T, V) into (B, V). A
+    late-interaction head answers every token's projection (B, T, D), not normalised."""
 
     def __init__(
         self, model: nn.Module, task: str, pooling: str = "mean", hidden_states: bool = False
@@ -155,8 +175,11 @@ class ExportHead(nn.Module):
         super().__init__()
         self.model, self.task, self.pooling = model, task, pooling
         self.hidden_states = hidden_states
-        self.output_names = OUTPUT_NAMES[task] + (
-            tuple(HIDDEN_STATE_OUTPUTS.values()) if hidden_states else ()
+        dense = task == "embedding" and pooling not in SPARSE_POOLINGS
+        self.output_names = (
+            OUTPUT_NAMES[task]
+            + ((TOKEN_EMBEDDINGS,) if dense else ())
+            + (tuple(HIDDEN_STATE_OUTPUTS.values()) if hidden_states else ())
         )
 
     def forward(
@@ -168,16 +191,18 @@ class ExportHead(nn.Module):
         if self.task == "embedding":
             model = cast(BertForEmbedding, self.model)  # embedding, dense pooling
             out = model.bert(input_ids, attention_mask, token_type_ids)
-            # (B, D): pooled, then the Dense modules
+            # (B, D): pooled, then the Dense modules; (B, T, H): every token, as it is
             pooled = model.sentence(out.last_hidden_state, attention_mask, self.pooling)
             if not self.hidden_states:
-                return (pooled,)
+                return pooled, out.last_hidden_state
             per_layer = [
                 torch.stack([pool(h, attention_mask, how) for h in out.hidden_states], dim=1)
                 for how in HIDDEN_STATE_OUTPUTS
             ]  # (B, L + 1, H) each
-            return (pooled, *per_layer)
+            return (pooled, out.last_hidden_state, *per_layer)
         out = self.model(input_ids, attention_mask, token_type_ids)
+        if self.task == LATE_INTERACTION:
+            return (out.token_embeddings,)  # (B, T, D)
         if self.task == "question-answering":
             return out.start_logits, out.end_logits  # (B, T) each
         return (out.logits,)  # (B, C), (B, T, C) or fill-mask's (B, T, V)
@@ -252,14 +277,22 @@ def torch_outputs(head: ExportHead, batches: list[dict[str, np.ndarray]]) -> lis
 def compare(
     path: Path, batches: list[dict[str, np.ndarray]], refs: list[list[np.ndarray]], task: str
 ) -> dict[str, Any]:
-    """Max abs diff per output over all probes (and the worst row cosine for embeddings)."""
+    """Max abs diff per output over all probes (and the worst row cosine for embeddings). An
+    embedding package's token_embeddings count at the real tokens only: the service cuts
+    padding off per-token outputs, and a padded position far from any real token is noise
+    in fp16 (tiny ModernBERT, local window 16: 0.375 there, 3.3e-3 at the real tokens; fp32
+    agrees everywhere, 1.5e-6). A late-interaction package's count everywhere: a query's
+    expansion tokens are unattended, yet answer."""
     run = onnx_run(path)
     diffs: dict[str, float] = {}
     cosine = 1.0
     for batch, ref in zip(batches, refs, strict=True):
         got = run(batch)  # the head's outputs, in its order
+        real = batch["attention_mask"] == 1
         for (name, g), r in zip(got.items(), ref, strict=True):
-            diffs[name] = max(diffs.get(name, 0.0), float(np.abs(g.astype(np.float32) - r).max()))
+            d = np.abs(g.astype(np.float32) - r)
+            d = d[real] if name == TOKEN_EMBEDDINGS and task == "embedding" else d
+            diffs[name] = max(diffs.get(name, 0.0), float(d.max()))
             if name == "embeddings":
                 g, r = g.astype(np.float64), r.astype(np.float64)
                 cos = (g * r).sum(-1) / (np.linalg.norm(g, axis=-1) * np.linalg.norm(r, axis=-1))
@@ -307,11 +340,8 @@ def export_onnx(head: ExportHead, path: Path, max_seq_length: int, opset: int) -
                   for n in INPUT_NAMES)  # fmt: skip
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in INPUT_NAMES}
     for name in head.output_names:
-        axes[name] = (
-            {0: "batch"}
-            if head.task in ("classification", "embedding")
-            else {0: "batch", 1: "sequence"}
-        )
+        per_row = head.task in ("classification", "embedding") and name != TOKEN_EMBEDDINGS
+        axes[name] = {0: "batch"} if per_row else {0: "batch", 1: "sequence"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
@@ -462,8 +492,8 @@ def task_metadata(
         # SPLADE vectors are compared by dot product, as sentence-transformers' SparseEncoder
         default = pooling not in SPARSE_POOLINGS and getattr(model, "normalize", True)
         normalize = default if normalize is None else normalize
-    else:
-        pooling, normalize = None, False
+    else:  # late interaction: each token's vector, as both libraries score them
+        pooling, normalize = None, task == LATE_INTERACTION
     return labels, problem_type, pooling, bool(normalize)
 
 
@@ -523,6 +553,68 @@ def sparse_metadata(checkpoint: Path | None) -> dict[str, Any]:
     if found is None or not found[0]:
         return {}
     return {"prompts": found[0], "default_prompt_name": found[1]}
+
+
+def late_interaction_folder(
+    task: str, checkpoint: Path | None, variants: list[str], normalize: bool | None
+) -> LateInteractionFolder | None:
+    """The ColBERT folder's settings for a late-interaction export (None for other tasks),
+    refusing what the package could not be: a model object (its rows' settings are in its
+    folder), unnormalised vectors, an int8 variant (see INT8_LATE_INTERACTION)."""
+    if task != LATE_INTERACTION:
+        return None
+    if checkpoint is None:
+        raise ExportError(
+            f"{LATE_INTERACTION} exports a PyLate or colbert-ai folder, whose settings say how "
+            "rows are built: pass the folder, not a model object"
+        )
+    if "int8" in variants:
+        raise ExportError(INT8_LATE_INTERACTION)
+    if normalize is False:
+        raise ExportError(
+            f"{LATE_INTERACTION} vectors are always L2-normalised (PyLate and colbert-ai score "
+            "unit vectors): drop --no-normalize"
+        )
+    try:
+        return read_late_interaction(checkpoint)
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
+
+
+# Why no int8 for late interaction: its quality gate (heads.quality.GATES, which the service
+# checks again at load) would be a per-token cosine, and no threshold for it has been measured
+# against retrieval quality: that needs a real ColBERT checkpoint and a retrieval set, and a
+# query's 32 vectors each move MaxSim, so the embedding gate's numbers do not carry over.
+INT8_LATE_INTERACTION = (
+    f"int8 is not exported for {LATE_INTERACTION}: no quality gate for per-token vectors has "
+    "been measured (export fp32, and fp16 for the GPU)"
+)
+
+
+def late_interaction_window(folder: LateInteractionFolder, asked: int | None) -> int:
+    """A late-interaction package's max_seq_length: its longest row, max(query_length,
+    document_length) (the package contract); another --max-seq-length is refused."""
+    window = max(folder.query_length, folder.document_length)
+    if asked is not None and asked != window:
+        raise ExportError(
+            f"max_seq_length {asked}: a {LATE_INTERACTION} package's window is its longest "
+            f"row, max(query_length {folder.query_length}, document_length "
+            f"{folder.document_length}) = {window}; leave --max-seq-length out"
+        )
+    return window
+
+
+def late_interaction_metadata(
+    folder: LateInteractionFolder, tok: Tokenizer, specials: SpecialTokens, verbose: bool
+) -> dict[str, Any]:
+    """package.json's `late_interaction` block (training.late_interaction.package_block)."""
+    try:
+        block, notes = package_block(folder, tok, specials)
+    except LateInteractionError as e:
+        raise ExportError(f"{folder.source} folder: {e}") from None
+    for note in notes:
+        log(f"late interaction: {note}", verbose)
+    return {"late_interaction": block}
 
 
 def fill_mask_metadata(tok: Tokenizer, checkpoint: Path | None) -> dict[str, Any]:
@@ -591,12 +683,15 @@ def export_package(
     _check_replaceable(out_dir)
     # a sparse embedding is the masked LM's logits, pooled
     model, checkpoint = _resolve_model(model_or_checkpoint, FILL_MASK if sparse else task, verbose)
+    late = late_interaction_folder(task, checkpoint, variants, normalize)
     tok = _tokenizer(tokenizer, checkpoint)
     config = model.config
     try:
         check_vocabulary(tok, config.vocab_size, "the tokenizer")
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    if late is not None:
+        max_seq_length = late_interaction_window(late, max_seq_length)
     max_seq_length = max_seq_length or default_max_seq_length(config, checkpoint)
     if not 2 <= max_seq_length <= config.max_tokens:
         raise ExportError(
@@ -633,6 +728,7 @@ def export_package(
         raise ExportError(problem)
     prompts = sparse_metadata(checkpoint) if sparse else prompt_metadata(checkpoint, task)
     fill_mask = fill_mask_metadata(tok, checkpoint) if task == FILL_MASK else {}
+    late_block = late_interaction_metadata(late, tok, specials, verbose) if late else {}
     head = ExportHead(model, task, pooling or "mean", hidden_states)
 
     staging = out_dir.parent / f".{out_dir.name}.partial"
@@ -659,6 +755,7 @@ def export_package(
             **({"default_for": list(default_for)} if default_for else {}),
             **prompts,
             **fill_mask,
+            **late_block,
             "special_tokens": {**specials.record(), **_pad_record(specials, pad_id, tok)},
             "max_seq_length": max_seq_length,
             "do_lower_case": do_lower_case(tok),
@@ -857,13 +954,20 @@ def output_specs(task: str, model: Any, hidden_states: bool = False) -> list[dic
             {"name": n, "dtype": "float32", "shape": ["batch", "sequence"]}
             for n in OUTPUT_NAMES[task]
         ]
+    if task == LATE_INTERACTION:
+        shape = ["batch", "sequence", model.dimension]
+        return [{"name": TOKEN_EMBEDDINGS, "dtype": "float32", "shape": shape}]
     vocab = model.config.vocab_size
     if task == FILL_MASK:
         return [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", vocab]}]
     if isinstance(model, BertForMaskedLM):  # a sparse embedding: one weight per vocabulary entry
         return [{"name": "embeddings", "dtype": "float32", "shape": ["batch", vocab]}]
     hidden = model.config.hidden_size
-    specs = [{"name": "embeddings", "dtype": "float32", "shape": ["batch", model.dimension]}]
+    specs = [
+        {"name": "embeddings", "dtype": "float32", "shape": ["batch", model.dimension]},
+        # the encoder's last hidden state, every token (/embed_all): no Dense, not normalised
+        {"name": TOKEN_EMBEDDINGS, "dtype": "float32", "shape": ["batch", "sequence", hidden]},
+    ]
     if hidden_states:  # states: the embeddings output, then every layer's (L + 1 in all)
         states = model.config.num_hidden_layers + 1
         specs += [

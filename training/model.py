@@ -872,6 +872,40 @@ class BertForEmbedding(BertPreTrainedHead):
         return EmbeddingOutput(emb)
 
 
+@dataclass
+class LateInteractionOutput:
+    token_embeddings: Tensor  # (B, T, D): every position, projected, NOT normalised
+
+
+class BertForLateInteraction(BertPreTrainedHead):
+    """ColBERT (Khattab and Zaharia 2020): every token's last hidden state put through one
+    linear projection H -> D, as PyLate's Dense module and colbert-ai's `linear` compute it
+    (no activation: PyLate's Dense applies none whatever its config names). Vectors are not
+    normalised here: both libraries L2-normalise each kept vector after dropping the ones
+    they do not score, so the service does that per row (heads.tasks.late_interaction).
+    Not in HEADS: it is loaded from a PyLate or colbert-ai folder (training.checkpoint
+    .load_model with task "late-interaction"), never trained or saved here."""
+
+    def __init__(self, config: BertConfig, dimension: int = 128, bias: bool = False) -> None:
+        super().__init__(config, add_pooling_layer=False)
+        self.linear = nn.Linear(config.hidden_size, dimension, bias=bias)
+        self.post_init()
+
+    @property
+    def dimension(self) -> int:
+        """D, the width of each token's vector."""
+        return self.linear.out_features
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> LateInteractionOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        return LateInteractionOutput(self.linear(hidden))
+
+
 def contrastive_loss(anchor: Tensor, positive: Tensor, scale: float = 20.0) -> Tensor:
     """In-batch negatives (Henderson et al. 2017; sentence-transformers'
     MultipleNegativesRankingLoss): row i's positive is column i, every other row a negative.

@@ -38,7 +38,7 @@ from heads.rows import (
     text_rows,
     windows,
 )
-from heads.tasks import TaskOptions, one_by_one
+from heads.tasks import TaskOptions, late_interaction, one_by_one
 from heads.tasks.qa import default_stride
 
 __all__ = ["Job", "scores"]
@@ -69,8 +69,11 @@ class Options(TaskOptions):
     """A rerank request's query and options: raw logits instead of relevance scores, truncate
     a long document instead of scoring it by windows (cut from `truncation_direction`), the
     best `top_n` only, each document's first `max_tokens_per_doc` tokens only (Cohere's), and
-    a single-text classifier allowed (service.selection). `stride`: the document tokens
-    consecutive windows share (None: qa.default_stride); no HTTP body sets it."""
+    a single-text classifier allowed (service.selection). `max_tokens_per_query`: the
+    query's first N tokens only (vLLM's, beside max_tokens_per_doc). `stride`: the document
+    tokens consecutive windows share (None: qa.default_stride); no HTTP body sets it. A
+    late-interaction (ColBERT) package answers with the same options
+    (heads.tasks.late_interaction.Job)."""
 
     task = "classification"
     use = "rerank"
@@ -81,10 +84,13 @@ class Options(TaskOptions):
     truncation_direction: str = "right"
     top_n: int | None = None
     max_tokens_per_doc: int | None = None
+    max_tokens_per_query: int | None = None
     allow_single_text: bool = False
     stride: int | None = None
 
-    def job(self, package: ModelPackage, inputs: list[Any]) -> Job:
+    def job(self, package: ModelPackage, inputs: list[Any]) -> Job | late_interaction.Job:
+        if package.task == "late-interaction":
+            return late_interaction.Job(package, inputs, self)
         return Job(package, inputs, self)
 
     def sized(self, inputs: list[Any]) -> dict[str, list[Any]]:
@@ -115,6 +121,7 @@ class Job:
         self.raw, self.truncate, self.direction = raw_scores, truncate, truncation_direction
         self.top_n, self.stride = top_n, stride
         self.max_tokens_per_doc = max_tokens_per_doc  # Cohere's: a document's first N tokens
+        self.max_tokens_per_query = options.max_tokens_per_query  # vLLM's: the query's
         self.truncated = self.windowed = self.tokens = 0
         self.spans: list[Window | None] = []  # per row: its window, None when not windowed
         self.bounds: list[int] = []  # document i's rows are [bounds[i], bounds[i + 1])
@@ -122,6 +129,8 @@ class Job:
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
         layout = template(tokenizer)
         q, docs = encodings[0], encodings[1:]
+        if self.max_tokens_per_query is not None and len(q.ids) > self.max_tokens_per_query:
+            q.truncate(self.max_tokens_per_query)  # in place: the job's own encoding
         if self.max_tokens_per_doc is not None:
             for d in docs:  # in place: the job's own encodings
                 if len(d.ids) > self.max_tokens_per_doc:

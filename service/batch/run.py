@@ -208,7 +208,7 @@ def check_loaded(engine: Engine) -> None:
 async def probe(engine: Engine, plan: Plan) -> int:
     """Answer one made-up row before the file's, so that what no row can cure (options the
     model does not take, a model that does not do the task) stops the run instead of failing
-    every row; returns the embedding size (embed: its column's fixed size), else 0."""
+    every row; returns the embedding size (embed, embed_all: its vectors' fixed size), else 0."""
     row: Row = {role: "a" for role in plan.columns}
     if "documents" in row:
         row["documents"] = ["a"]
@@ -220,6 +220,9 @@ async def probe(engine: Engine, plan: Plan) -> int:
         [answer] = await plan.task.answer(engine, [row], plan.options, plan.model)
     except (*ROW_ERRORS, ServiceError) as e:  # not this text's fault: the options' or the model's
         raise RunError(f"{plan.task.endpoint} with these options: {error_of(e)[0]}") from None
+    if plan.task.name == "embed_all":  # (tokens, D), or with return_tokens {"embeddings", ...}
+        vectors = answer["embeddings"] if isinstance(answer, dict) else answer
+        return int(vectors.shape[-1])
     return len(answer) if plan.task.name == "embed" else 0
 
 

@@ -10,6 +10,7 @@ server's; `answer()` asks the engine with them as the endpoint does.
 | ner          | /ner          | --text-column text                            | entities: list<{entity_group, score, word, start, end}> |
 | qa           | /qa           | --question-column question, --context-column context | answer: {answer, score, start, end} (list with top_k > 1) |
 | embed        | /embed        | --text-column text                            | embedding: fixed_size_list<float32>[D] |
+| embed_all    | /embed_all    | --text-column text                            | token_embeddings: list<fixed_size_list<float32>[D]> (list<{embeddings, tokens}> with --return-tokens) |
 | embed_sparse | /embed_sparse | --text-column text                            | sparse: list<{index, value[, token]}> |
 | rerank       | /rerank       | --query-column query, --documents-column documents (a text or a list) | ranking: list<{index, score, window}> |
 | zero-shot    | /zero-shot    | --text-column text (labels by --candidate-labels) | zero_shot: {sequence, labels, scores} |
@@ -194,6 +195,28 @@ def _sparse(options: dict[str, Any], size: int) -> pa.DataType:
     )
 
 
+_TOKEN = pa.struct([("id", _INT), ("text", pa.string()), ("special", pa.bool_()),
+                    ("start", _INT), ("stop", _INT)])  # fmt: skip
+
+
+def _token_vectors(options: dict[str, Any], size: int) -> pa.DataType:
+    vectors = pa.list_(pa.list_(pa.float32(), size))
+    if not options["return_tokens"]:
+        return vectors
+    return pa.struct([("embeddings", vectors), ("tokens", pa.list_(_TOKEN))])
+
+
+def _vectors_array(answers: list[np.ndarray | None], size: int) -> pa.Array:
+    """Per row its (n, D) float32 vectors (None: a failed row) -> list<fixed_size_list<D>>,
+    built from one flat buffer rather than a Python float per value."""
+    parts = [np.zeros((0, size), np.float32) if a is None else a for a in answers]
+    flat = np.concatenate([np.zeros((0, size), np.float32), *parts]).astype(np.float32).reshape(-1)
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), size)
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int32)
+    mask = pa.array([a is None for a in answers])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), inner, mask=mask)
+
+
 def _fixed(kind: pa.DataType) -> Callable[[dict[str, Any], int], pa.DataType]:
     return lambda options, size: kind
 
@@ -212,6 +235,8 @@ TASKS: dict[str, Task] = {
         Task("embed", "/embed", schemas.EmbedRequest, {"inputs": "x"},
              (Column("text", "text"),), "embedding", _texts,
              lambda options, size: pa.list_(pa.float32(), size)),
+        Task("embed_all", "/embed_all", schemas.EmbedAllRequest, {"inputs": "x"},
+             (Column("text", "text"),), "token_embeddings", _texts, _token_vectors),
         Task("embed_sparse", "/embed_sparse", schemas.SparseEmbedRequest,
              {"inputs": "x"}, (Column("text", "text"),), "sparse", _texts,
              _sparse),
@@ -239,6 +264,14 @@ def to_arrow(task: Task, answers: list[Any], kind: pa.DataType) -> pa.Array:
             flat[ok] = np.stack([a for a in answers if a is not None])
         values = pa.array(flat.reshape(-1), type=pa.float32())
         return pa.FixedSizeListArray.from_arrays(values, size, mask=pa.array(~ok))
+    if task.name == "embed_all":
+        if isinstance(kind, pa.StructType):  # with return_tokens: {embeddings, tokens}
+            size = kind.field("embeddings").type.value_type.list_size
+            vectors = _vectors_array([a and a["embeddings"] for a in answers], size)
+            tokens = pa.array([a and a["tokens"] for a in answers], pa.list_(_TOKEN))
+            mask = pa.array([a is None for a in answers])
+            return pa.StructArray.from_arrays([vectors, tokens], fields=list(kind), mask=mask)
+        return _vectors_array(answers, kind.value_type.list_size)
     if task.name == "fill-mask":  # one list per mask (a one-mask text answers the list alone)
         answers = [a if a is None or isinstance(a[0], list) else [a] for a in answers]
     return pa.array(answers, type=kind)

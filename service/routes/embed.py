@@ -1,6 +1,7 @@
 """Sentence embeddings in two dialects: POST /embed (TEI: always a list of vectors) and
-POST /v1/embeddings (OpenAI: `data[].embedding`, `usage`); and POST /similarity (TEI's:
-a source sentence's cosine similarity to each other sentence)."""
+POST /v1/embeddings (OpenAI: `data[].embedding`, `usage`); POST /embed_all (TEI's: a vector
+per token, also a ColBERT model's); and POST /similarity (TEI's: a source sentence's cosine
+similarity to each other sentence)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from starlette.responses import Response
 from service.routes.answers import ERRORS, as_list, json_response
 from service.routes.inference import InferenceRequest, InferenceRoute
 from service.schemas import (
+    EmbedAllRequest,
+    EmbedAllResponse,
     EmbedRequest,
     EmbedResponse,
     OpenAIEmbeddingRequest,
@@ -32,6 +35,17 @@ async def embed_texts(body: EmbedRequest, request: InferenceRequest) -> Response
         body.options(), texts, model=body.model, call=request.call
     )
     return json_response(vectors)  # (N, H) float32, written straight from numpy
+
+
+@router.post("/embed_all", response_model=EmbedAllResponse, responses=ERRORS)
+async def embed_all(body: EmbedAllRequest, request: InferenceRequest) -> Response:
+    """Per input, a vector per token: (tokens, H) of an embedding model's last hidden state,
+    or a late-interaction (ColBERT) model's query or document vectors."""
+    texts, _ = as_list(body.inputs)
+    answers = await request.engine.answer(
+        body.options(), texts, model=body.model, call=request.call
+    )
+    return json_response(answers)  # float32 arrays, written straight from numpy
 
 
 @router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, responses=ERRORS)

@@ -45,6 +45,7 @@ from service.routes.inference import parse
 from service.schemas import (
     QA_TEXT,
     ClassifyRequest,
+    EmbedAllRequest,
     EmbedRequest,
     FillMaskRequest,
     JsonInt,
@@ -159,7 +160,8 @@ class Task:
 
 
 def _json(items: list[Any]) -> list[str]:
-    return [json.dumps(item, ensure_ascii=False) for item in items]
+    # numpy arrays (a ColBERT model's token vectors) as lists
+    return [json.dumps(item, ensure_ascii=False, default=lambda a: a.tolist()) for item in items]
 
 
 class Classify(Task):
@@ -254,12 +256,16 @@ FILL_MASK = JsonPerText("predictions", ("top_k", "targets"), FillMaskRequest)
 SPARSE = JsonPerText(
     "sparse", ("truncate", "truncation_direction", "prompt_name"), SparseEmbedRequest
 )
+TOKEN_VECTORS = JsonPerText(  # a ColBERT model's: a query's or a document's token vectors
+    "token_embeddings", ("is_query", "return_tokens", "truncate"), EmbedAllRequest
+)
 TASKS: dict[str, Task] = {
     "classification": Classify(),
     "token-classification": NER,
     "question-answering": Qa(),
     "embedding": Embed(),
     "fill-mask": FILL_MASK,
+    "late-interaction": TOKEN_VECTORS,
 }
 
 

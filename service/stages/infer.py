@@ -139,8 +139,11 @@ class Runner:
         self.metrics.batch_size.observe(size)
         self.metrics.batch_tokens.observe(size * longest)
         start = time.perf_counter()
+        # the outputs a session hands back only when asked (runtime.ON_REQUEST) that a job reads
+        wants = frozenset(w for request, _ in batch for w in getattr(request.job, "wants", ()))
+        run = self.backend.run
         try:
-            outputs = self.backend.run(feeds, alone)
+            outputs = run(feeds, alone, wants) if wants else run(feeds, alone)
         except Exception:
             log.exception("%s: inference failed on a batch of %d x %d", self.name, size, longest)
             raise

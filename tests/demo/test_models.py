@@ -95,3 +95,24 @@ def test_an_older_builds_package_is_brought_up_to_date(tmp_path, name, reads):
     pkg = read_package(folder)  # hashes still hold
     assert (pkg.reads, list(pkg.default_for)) == (reads, DEFAULT_FOR[name])
     assert not bring_up_to_date(folder, name)  # once
+
+
+def test_an_older_builds_embedding_package_is_built_again_and_declares_embed_all(tmp_path):
+    """/embed_all needs a graph output a build from before it lacks: demo.models builds that
+    package again; and its package.json gains the request task it is now the default of."""
+    import json
+
+    from benchmarks.tiny import build_tiny_package
+    from demo.models import DEFAULT_FOR, EMBEDDING, bring_up_to_date, outdated
+    from heads.package import read_package, write_package
+
+    folder = build_tiny_package(tmp_path / EMBEDDING, "embedding", name=EMBEDDING).path
+    assert not outdated(folder)
+    old = json.loads((folder / "package.json").read_text())
+    old["outputs"] = [o for o in old["outputs"] if o["name"] != "token_embeddings"]
+    old["default_for"] = ["embedding"]
+    write_package(folder, {k: v for k, v in old.items() if k not in ("format", "sha256")})
+    assert outdated(folder)
+    assert bring_up_to_date(folder, EMBEDDING)
+    assert list(read_package(folder).default_for) == DEFAULT_FOR[EMBEDDING]
+    assert "token-embedding" in DEFAULT_FOR[EMBEDDING] and not bring_up_to_date(folder, EMBEDDING)

@@ -256,7 +256,12 @@ class Gated:
         if not hold:
             self.gate.set()
 
-    def run(self, feeds: Mapping[str, np.ndarray], alone: bool = True) -> dict[str, np.ndarray]:
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        alone: bool = True,
+        wants: frozenset[str] = frozenset(),
+    ) -> dict[str, np.ndarray]:
         self.calls += 1
         call = self.calls
         self.rows.append(len(feeds["input_ids"]))
@@ -267,7 +272,7 @@ class Gated:
             time.sleep(self.delay)
         if call in self.poison:
             feeds = {**feeds, "input_ids": np.full_like(feeds["input_ids"], 10**9)}
-        return self.inner.run(feeds, alone)
+        return self.inner.run(feeds, alone, wants)
 
 
 def gate(app: Any, name: str = "sst2", hold: bool = False, delay: float = 0.0) -> Gated:

@@ -119,17 +119,36 @@ async def test_v2_rerank_answers_as_v1(served: Service):
     assert v2["meta"]["api_version"] == {"version": "2"} and v2["id"]
 
 
-async def test_max_tokens_per_doc_reads_the_first_tokens(served: Service):
-    long = "the match was won at home after a long and rainy evening " * 20
+async def first_tokens(served: Service, text: str, n: int) -> str:
+    """The characters of the text's first n tokens, as the reranker reads them."""
     tokens = await post(served, "/tokenize",
-                        {"inputs": long, "add_special_tokens": False, "model": "reranker"})  # fmt: skip
-    head = long[: tokens[0][5]["stop"]]  # the first 6 tokens' characters (a list per input)
-    cut = await post(served, "/v2/rerank", {"query": QUERY, "documents": [long, "paris"],
-                                            "max_tokens_per_doc": 6})  # fmt: skip
-    want = await post(served, "/v2/rerank", {"query": QUERY, "documents": [head, "paris"]})
+                        {"inputs": text, "add_special_tokens": False, "model": "reranker"})  # fmt: skip
+    return text[: tokens[0][n - 1]["stop"]]  # (a list per input)
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])  # Jina's / infinity's, Cohere's
+async def test_max_tokens_per_doc_reads_the_first_tokens(served: Service, path: str):
+    long = "the match was won at home after a long and rainy evening " * 20
+    head = await first_tokens(served, long, 6)
+    cut = await post(served, path, {"query": QUERY, "documents": [long, "paris"],
+                                    "max_tokens_per_doc": 6})  # fmt: skip
+    want = await post(served, path, {"query": QUERY, "documents": [head, "paris"]})
     assert cut["results"] == want["results"]
-    whole = await post(served, "/v2/rerank", {"query": QUERY, "documents": [long, "paris"]})
+    whole = await post(served, path, {"query": QUERY, "documents": [long, "paris"]})
     assert whole["results"] != cut["results"]
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v1/rerank", "/v2/rerank"])
+async def test_max_tokens_per_query_reads_the_querys_first_tokens(served: Service, path: str):
+    """vLLM's split of the window: the query read up to N tokens, the document the rest."""
+    query = "who won the match at home after the long and rainy evening"
+    head = await first_tokens(served, query, 3)
+    field = "texts" if path == "/rerank" else "documents"
+    cut = await post(served, path, {"query": query, field: DOCUMENTS, "max_tokens_per_query": 3})
+    want = await post(served, path, {"query": head, field: DOCUMENTS})
+    whole = await post(served, path, {"query": query, field: DOCUMENTS})
+    results = lambda a: a if path == "/rerank" else a["results"]  # noqa: E731
+    assert results(cut) == results(want) and results(whole) != results(cut)
 
 
 async def test_rerank_counts_documents_not_the_query(served: Service):

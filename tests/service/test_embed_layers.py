@@ -134,7 +134,9 @@ def test_the_package_lists_the_hidden_state_outputs(tmp_path: Path) -> None:
     pkg = packages.build_tiny_package(tmp_path / "p", "embedding", hidden_states=True)
     assert [o["name"] for o in pkg.outputs] == [
         "embeddings",
+        "token_embeddings",  # every token's last hidden state (/embed_all)
         "hidden_states_cls",
         "hidden_states_mean",
     ]
-    assert pkg.outputs[1]["shape"] == ["batch", LAYERS, 32]
+    assert pkg.outputs[1]["shape"] == ["batch", "sequence", 32]
+    assert pkg.outputs[2]["shape"] == ["batch", LAYERS, 32]

@@ -183,7 +183,7 @@ def test_warm_up_refuses_non_finite_outputs() -> None:
         provider = "cpu"
         lanes = 1
 
-        def run(self, feeds, alone=True):
+        def run(self, feeds, alone=True, wants=frozenset()):
             return {"logits": np.array([[np.nan, 0.0]], dtype=np.float32)}
 
     with pytest.raises(RuntimeError, match="not finite"):

@@ -26,7 +26,9 @@ from training.export import ExportError, export_package, main
 from training.metrics import spearman
 from training.model import BertSelfAttention, set_attention_implementation
 
-TASKS = list(OUTPUT_NAMES)
+# late-interaction exports a ColBERT folder, never a model object: its own tests are in
+# tests/training/test_export_late_interaction.py
+TASKS = [task for task in OUTPUT_NAMES if task != "late-interaction"]
 VARIANTS = ("fp32", "int8", "fp16")
 LAYERS = 2  # the tiny model's depth (benchmarks/tiny.py)
 # all-MiniLM-L6-v2 int8 (training.export.INT8_OPS) against fp32, measured on AVX-512 VNNI:
@@ -51,6 +53,12 @@ def padded_batch(batch: int, seq: int, vocab: int, seed: int) -> dict[str, np.nd
         mask[row, :n] = 1
         types[row, n // 2 + 1 : n] = 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def output_names(model: torch.nn.Module, task: str) -> list[str]:
+    """What the task's graph answers, in order: OUTPUT_NAMES[task], and a dense embedding's
+    token_embeddings (the last hidden state, /embed_all) after its embeddings."""
+    return list(export.ExportHead(model, task, getattr(model, "pooling", "mean")).output_names)
 
 
 def pytorch(model: torch.nn.Module, task: str, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -91,7 +99,7 @@ def exported(request, tmp_path_factory) -> tuple[str, ModelPackage, torch.nn.Mod
 def test_fp32_matches_pytorch_with_padding(exported, batch: int, seq: int) -> None:
     task, pkg, model = exported
     feed = padded_batch(batch, seq, model.config.vocab_size, seed=batch * 100 + seq)
-    got = session(pkg.variant_path("fp32")).run(list(OUTPUT_NAMES[task]), feed)
+    got = session(pkg.variant_path("fp32")).run(output_names(model, task), feed)
     for g, want in zip(got, pytorch(model, task, feed), strict=True):
         assert g.shape == want.shape
         assert np.abs(g - want).max() <= 1e-4
@@ -115,7 +123,7 @@ def test_int8_runs_and_its_difference_is_recorded(exported) -> None:
     feed = padded_batch(3, 64, model.config.vocab_size, seed=1)
     run = session(pkg.variant_path("int8"))
     got = dict(zip([o.name for o in run.get_outputs()], run.run(None, feed), strict=True))
-    want = dict(zip(OUTPUT_NAMES[task], pytorch(model, task, feed), strict=True))
+    want = dict(zip(output_names(model, task), pytorch(model, task, feed), strict=True))
     assert {k: g.shape for k, g in got.items()} == {k: w.shape for k, w in want.items()}
     measured = {k: float(np.abs(got[k] - want[k]).max()) for k in want}
     for name, diff in measured.items():
@@ -133,7 +141,7 @@ def test_int8_runs_and_its_difference_is_recorded(exported) -> None:
     assert ops["MatMulInteger"] + ops.get("QAttention", 0) > 0  # quantised for real
     assert ops.get("QAttention", 0) + ops.get("Attention", 0) == LAYERS
     recorded = pkg.parity["int8"]["max_abs_diff"]
-    assert set(recorded) == set(OUTPUT_NAMES[task])
+    assert set(recorded) == set(output_names(model, task))
     for name, diff in measured.items():  # other probe rows, so the same size, not the same value
         assert diff / 4 <= recorded[name] <= diff * 4, (name, recorded[name], diff)
     if task == "embedding":
@@ -262,7 +270,7 @@ def session_of(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def test_graph_is_one_file_with_the_contract_io(exported) -> None:
-    task, pkg, _ = exported
+    task, pkg, head = exported
     model = onnx.load(str(pkg.variant_path("fp32")), load_external_data=False)
     assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 18
@@ -271,8 +279,10 @@ def test_graph_is_one_file_with_the_contract_io(exported) -> None:
         for i in model.graph.input
     }
     assert inputs == {n: ["batch", "sequence"] for n in export.INPUT_NAMES}
-    assert [o.name for o in model.graph.output] == list(OUTPUT_NAMES[task])
-    assert [o["name"] for o in pkg.outputs] == list(OUTPUT_NAMES[task])
+    names = output_names(head, task)
+    assert [o.name for o in model.graph.output] == names
+    assert [o["name"] for o in pkg.outputs] == names
+    assert names[: len(OUTPUT_NAMES[task])] == list(OUTPUT_NAMES[task])
 
 
 # --- package.json -----------------------------------------------------------------------
@@ -303,14 +313,18 @@ def test_manifest_describes_the_head(exported) -> None:
         assert shapes == {"logits": ["batch", "sequence", model.config.vocab_size]}
     else:
         assert (pkg.pooling, pkg.normalize) == ("mean", True)
-        assert shapes == {"embeddings": ["batch", model.config.hidden_size]}
+        hidden = model.config.hidden_size
+        assert shapes == {
+            "embeddings": ["batch", hidden],
+            "token_embeddings": ["batch", "sequence", hidden],
+        }
 
 
 def test_embeddings_are_pooled_not_normalised(tmp_path: Path) -> None:
     pkg = build_tiny_package(tmp_path / "cls", "embedding", pooling="cls", normalize=False)
     model = tiny_model("embedding", None, 0, 128, pooling="cls", normalize=False)
     feed = padded_batch(3, 20, model.config.vocab_size, seed=3)
-    (got,) = session(pkg.variant_path("fp32")).run(None, feed)
+    (got,) = session(pkg.variant_path("fp32")).run(["embeddings"], feed)
     hidden = model.bert(*(torch.from_numpy(feed[n]) for n in export.INPUT_NAMES)).last_hidden_state
     np.testing.assert_allclose(got, hidden[:, 0].detach().numpy(), atol=1e-4)
     assert (pkg.pooling, pkg.normalize) == ("cls", False)

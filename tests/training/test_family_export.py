@@ -47,7 +47,7 @@ def their_outputs(
     folder: Path, task: str, batch: dict[str, np.ndarray], manifest: dict
 ) -> list[np.ndarray]:
     """transformers' model of the same folder on one padded batch, as our graph answers it
-    (embeddings pooled as the package says)."""
+    (embeddings pooled as the package says, then the token states)."""
     auto = {
         "classification": transformers.AutoModelForSequenceClassification,
         "token-classification": transformers.AutoModelForTokenClassification,
@@ -65,8 +65,10 @@ def their_outputs(
     if task == "embedding":
         assert manifest["pooling"] == "mean"  # a plain AutoModel folder: the default
         mask = feeds["attention_mask"].unsqueeze(-1).float()
-        # pooled in the graph; the service normalises per request (`normalize`)
-        return [((out.last_hidden_state * mask).sum(1) / mask.sum(1)).numpy()]
+        # pooled in the graph; the service normalises per request (`normalize`); then every
+        # token's last hidden state (token_embeddings, /embed_all)
+        pooled = (out.last_hidden_state * mask).sum(1) / mask.sum(1)
+        return [pooled.numpy(), out.last_hidden_state.numpy()]
     return [out.logits.numpy()]
 
 

@@ -1,7 +1,7 @@
 """heads.tasks.rerank: a cross-encoder's Job run as the batcher runs it (tests/heads/tasks/
 served.py) on tiny exported folders (one label, two labels), against the transformers model on
 rows built here from token ids: scores (sigmoid, softmax's second label, raw logits), the order
-and `top_n`, `truncate` from either end, `max_tokens_per_doc`, long documents scored by their
+and `top_n`, `truncate` from either end, `max_tokens_per_doc` and `max_tokens_per_query`, long documents scored by their
 best window (MaxP) with its characters named, and what is refused."""
 
 from __future__ import annotations
@@ -139,6 +139,20 @@ def test_max_tokens_per_doc_keeps_each_documents_first_tokens(packages: dict):
     want = relevance(ref.logits(ref.ids(QUERY), [ref.ids(d)[:3] for d in DOCUMENTS]), False)
     assert np.abs(by_index(answer) - want).max() <= TOL
     assert job.tokens == sum(len(ref.ids(QUERY)) + 3 + min(3, len(ref.ids(d))) for d in DOCUMENTS)
+
+
+def test_max_tokens_per_query_keeps_the_querys_first_tokens(packages: dict):
+    """vLLM's split beside max_tokens_per_doc: the query is read up to N tokens, and the
+    room it leaves goes to the document."""
+    ref = Reference("two")
+    options = rerank.Options(query=QUERY, max_tokens_per_query=4, max_tokens_per_doc=5)
+    job = rerank.Job(packages["two"], DOCUMENTS, options)
+    answer = run_job(packages["two"], job)
+    q = ref.ids(QUERY)
+    assert len(q) > 4  # the cut is reached
+    want = relevance(ref.logits(q[:4], [ref.ids(d)[:5] for d in DOCUMENTS]), False)
+    assert np.abs(by_index(answer) - want).max() <= TOL
+    assert job.tokens == sum(4 + 3 + min(5, len(ref.ids(d))) for d in DOCUMENTS)
 
 
 @pytest.mark.parametrize("stride", [None, 0, 5])

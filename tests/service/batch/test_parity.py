@@ -142,6 +142,15 @@ async def test_embed(models: Path, served: Service, tmp_path: Path, options: dic
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), 8 if options else 32)
 
 
+@pytest.mark.parametrize("options", [{}, {"normalize": True, "return_tokens": True}])
+async def test_embed_all(models: Path, served: Service, tmp_path: Path, options: dict) -> None:
+    ours = await batch(models, tmp_path, "embed_all", "minilm", {"text": TEXTS}, options)
+    close(ours, await http(served, "/embed_all", {"inputs": TEXTS, "model": "minilm", **options}))
+    vectors = pa.list_(pa.list_(pa.float32(), 32))  # a row's (tokens, H) in one flat buffer
+    kind = pq.read_table(tmp_path / "out").schema.field("token_embeddings").type
+    assert (kind.field("embeddings").type if options else kind) == vectors
+
+
 async def test_embed_sparse(models: Path, served: Service, tmp_path: Path) -> None:
     options = {"return_tokens": True}
     ours = await batch(models, tmp_path, "embed_sparse", "splade", {"text": TEXTS}, options)
