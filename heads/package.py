@@ -358,15 +358,22 @@ def _agreement_problem(parity: Any) -> str | None:
     return None
 
 
+def json_object(path: Path, error: type[Exception] = PackageError) -> dict[str, Any]:
+    """The JSON object in the file at `path`; `error` naming the file when it is not valid JSON
+    or not an object (package.json here; a checkpoint's settings files in training)."""
+    try:
+        found = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(found, dict):
+        raise error(f"{path}: expected a JSON object")
+    return found
+
+
 def _load_manifest(manifest_path: Path) -> dict[str, Any]:
     if not manifest_path.is_file():
         raise PackageError(f"{manifest_path}: no such file (is this a model package folder?)")
-    try:
-        m = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PackageError(f"{manifest_path}: not valid JSON ({e})") from None
-    if not isinstance(m, dict):
-        raise PackageError(f"{manifest_path}: expected a JSON object")
+    m = json_object(manifest_path)
     missing = [k for k in REQUIRED if k not in m]
     if missing:
         raise PackageError(f"{manifest_path}: missing field(s) {', '.join(missing)}")

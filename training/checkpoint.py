@@ -61,6 +61,7 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from heads.contract import DENSE_POOLINGS
+from heads.package import json_object
 from training.config import BertConfig, ConfigError
 from training.families import FAMILIES, TASK_OF_ARCHITECTURE, Family
 from training.families.base import FILL_MASK
@@ -487,15 +488,7 @@ def _read_colbert_ai(directory: Path) -> LateInteractionFolder:
 def _json_or_empty(path: Path) -> dict[str, Any]:
     """A JSON object file's contents ({} when the file is absent), as CheckpointError when it
     is not one."""
-    if not path.is_file():
-        return {}
-    try:
-        found = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(found, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return found
+    return json_object(path, CheckpointError) if path.is_file() else {}
 
 
 def _projection_state(folder: LateInteractionFolder, hidden_size: int) -> dict[str, Tensor]:
