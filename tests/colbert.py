@@ -216,11 +216,17 @@ class PyLate:
 
 def colbert_ai_modules(monkeypatch: Any) -> Any:
     """colbert-ai's modules, its C++ MaxSim extension left unbuilt (it compiles one on the first
-    CPU ColBERT; only colbert_score_packed's search path uses it, not the encoders)."""
+    CPU ColBERT; only colbert_score_packed's search path uses it, not the encoders), and the
+    metadata its configs record without git: it asks GitPython for the checkout's branch,
+    which raises on a detached HEAD (CI's checkout of a commit)."""
     pytest.importorskip("colbert")
+    from colbert.infra.config import base_config, core_config
     from colbert.modeling.colbert import ColBERT
+    from colbert.utils.utils import dotdict
 
     monkeypatch.setattr(ColBERT, "loaded_extensions", True, raising=False)
+    for module in (base_config, core_config):
+        monkeypatch.setattr(module, "get_metadata_only", lambda: dotdict(), raising=False)
     import colbert.infra
     import colbert.modeling.checkpoint
     import colbert.modeling.hf_colbert
