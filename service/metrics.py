@@ -46,8 +46,9 @@ ENDPOINTS_BY_TASK = {
     "classification": ("/classify", "/zero-shot", "/rerank", "/v1/rerank", "/v2/rerank"),
     "token-classification": ("/ner",),
     "question-answering": ("/qa",),
-    "embedding": ("/embed", "/v1/embeddings", "/similarity"),
+    "embedding": ("/embed", "/v1/embeddings", "/similarity", "/embed_all"),
     "fill-mask": ("/fill-mask",),
+    "late-interaction": ("/embed_all", "/rerank", "/v1/rerank", "/v2/rerank"),
 }
 SPARSE_ENDPOINTS = ("/embed_sparse",)  # an embedding package with a sparse pooling
 # Served for every package, whatever its task.

@@ -262,6 +262,9 @@ async def test_which_model_answers_and_what_a_colbert_model_refuses(served: Serv
     models = (await served.client.get("/models")).json()
     tasks = {m["name"]: m["task"] for m in models["models"]}
     assert tasks["pylate"] == tasks["colbert-ai"] == "late-interaction"
+    endpoints = {m["name"]: m["endpoints"] for m in models["models"]}
+    assert {"/embed_all", "/rerank", "/v1/rerank"} <= set(endpoints["pylate"])
+    assert "/embed_all" in endpoints["minilm"] and "/embed" not in endpoints["pylate"]
 
 
 async def test_the_open_inference_protocol_answers_a_colbert_model(served: Service):
