@@ -46,6 +46,7 @@ def _check_split(x: dict) -> None:
     assert cpu["event_loop"] > 0
 
 
+@pytest.mark.slow  # the unit suite stays under 10 minutes; CI's slow stage runs it
 def test_a_short_run_splits_the_server_cpu_by_thread(tmp_path: Path) -> None:
     build_tiny_package(tmp_path / "cls", "classification")
     sent = server_cost.bodies("/classify", TEXTS, 1) + server_cost.bodies("/classify", TEXTS, 3)
@@ -125,6 +126,7 @@ def test_the_window_ceiling_batches_as_the_batcher_would_with_that_many_rows_in_
     assert 4 < len(batches) < 100  # it batches, and it does not pad whole windows
 
 
+@pytest.mark.slow  # the unit suite stays under 10 minutes; CI's slow stage runs it
 def test_the_family_speed_benchmark_times_every_family_beside_bert(tmp_path):
     """benchmarks.families on the tiny shape, one short round: a row per family and batch,
     BERT's own ratio 1, and the own-encoder families unfused where ORT fuses BERT."""
@@ -202,6 +204,7 @@ def test_the_pretraining_step_probe_times_each_mode_on_a_small_corpus(tmp_path, 
     assert "-bound territory" in out
 
 
+@pytest.mark.slow  # the unit suite stays under 10 minutes; CI's slow stage runs it
 def test_versus_serves_every_level_and_writes_the_ratios(tmp_path, shared_data):
     """benchmarks.versus without infinity on a tiny embedding package: the raw ceiling, our
     server at one-text and many-text levels through /v1/embeddings, the report's ratios."""

@@ -95,6 +95,7 @@ def test_the_readme_rerank_and_zero_shot_examples_name_a_pair_model() -> None:
             assert requested_model(req) in (*TASK_HEADS, *COLBERT_STAND_INS), cmd.line
 
 
+@pytest.mark.slow  # the unit suite stays under 10 minutes; CI's slow stage runs it
 def test_a_users_own_models_leave_the_readme_answers_as_they_were(
     tmp_path: Path, make_package: Callable[..., Path]
 ) -> None:

@@ -209,6 +209,7 @@ def test_the_other_objectives_train(data, tmp_path, objective, second_loss):
     assert ("cls.seq_relationship.weight" in moved) == (objective == "mlm+sop")
 
 
+@pytest.mark.slow  # the unit suite stays under 10 minutes; CI's slow stage runs it
 def test_bf16_autocast_on_the_cpu_trains_and_saves_fp32_weights(data, tmp_path, capsys):
     out = tmp_path / "bf16"
     extra = "--steps 60 --lr 2e-3 --warmup 5 --log-every 10 --precision bf16"
