@@ -37,6 +37,7 @@ from heads.package import ModelPackage
 from heads.rows import InvalidInput, ModelRow, Outputs, Template, row, template, windows
 from heads.tasks import one_by_one
 from heads.tasks.embed import EPS
+from heads.tasks.ranking import Window, ranked
 
 __all__ = [
     "Job",
@@ -169,7 +170,7 @@ class Job:
         self.stride = options.stride
         self.truncated = self.windowed = self.tokens = 0
         self.rows_: list[ModelRow] = []
-        self.spans: list[tuple[int, int] | None] = []  # per document row: its characters
+        self.spans: list[Window | None] = []  # per document row: its window, when windowed
         self.bounds: list[int] = []  # document i's rows are [bounds[i], bounds[i + 1]) + 1
 
     def rows(self, tokenizer: Tokenizer, encodings: list[Encoding]) -> list[ModelRow]:
@@ -177,7 +178,7 @@ class Job:
         q, docs = encodings[0], encodings[1:]
         query_ids = q.ids[: self.max_tokens_per_query]
         room = spec.room(layout, False)
-        stride = room // 4 if self.stride is None else self.stride  # qa.default_stride's share
+        stride = room // 4 if self.stride is None else self.stride  # a quarter of the window
         if not 0 <= stride < room:
             raise InvalidInput(f"stride must be below {room}, the document tokens per window")
         made = [query_row(spec, layout, query_ids)]
@@ -196,7 +197,7 @@ class Job:
                 for start, stop in spans:
                     made.append(document_row(spec, layout, ids[start:stop]))
                     self.spans.append(
-                        None if len(spans) == 1 else (offsets[start][0], offsets[stop - 1][1])
+                        None if len(spans) == 1 else Window(offsets[start][0], offsets[stop - 1][1])
                     )
             self.bounds.append(len(made) - 1)
         self.rows_ = made
@@ -210,19 +211,9 @@ class Job:
             maxsim(query, vectors(spec, r, out[TOKEN_EMBEDDINGS], False))
             for r, out in zip(self.rows_[1:], outputs[1:], strict=True)
         ]
-        best: list[tuple[float, tuple[int, int] | None]] = []
-        for first, end in zip(self.bounds, self.bounds[1:], strict=False):
-            k = first + int(np.argmax(scores[first:end]))  # MaxP: the best window
-            score = scores[k] if self.raw else scores[k] / len(query)
-            best.append((score, self.spans[k]))
-        ranked = sorted(range(len(best)), key=lambda i: -best[i][0])  # stable: ties keep order
-        answer = []
-        for i in ranked[: self.top_n]:
-            item: dict[str, Any] = {"index": i, "score": best[i][0]}
-            if (span := best[i][1]) is not None:
-                item["window"] = {"start": span[0], "end": span[1]}
-            answer.append(item)
-        return answer
+        if not self.raw:  # the mean best cosine: MaxSim over the query's vector count
+            scores = [score / len(query) for score in scores]
+        return ranked(scores, self.bounds, self.spans, self.top_n)
 
     @staticmethod
     def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[Any]:

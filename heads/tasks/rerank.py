@@ -40,6 +40,7 @@ from heads.rows import (
 )
 from heads.tasks import TaskOptions, late_interaction, one_by_one
 from heads.tasks.qa import default_stride
+from heads.tasks.ranking import Window, ranked
 
 __all__ = ["Job", "scores"]
 
@@ -54,14 +55,6 @@ def scores(logits: np.ndarray, raw: bool) -> np.ndarray:
     shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
     e = np.exp(shifted)
     return e[:, 1] / e.sum(axis=1)
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """Where a windowed document's best window lies, as its answer names it."""
-
-    start: int  # character offsets of the window's tokens in the document
-    end: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,18 +164,7 @@ class Job:
 
     def answer(self, outputs: list[Outputs]) -> list[dict[str, Any]]:
         relevance = scores(np.stack([out["logits"] for out in outputs]), self.raw)
-        best: list[tuple[float, Window | None]] = []
-        for first, end in zip(self.bounds, self.bounds[1:], strict=False):
-            k = first + int(np.argmax(relevance[first:end]))  # MaxP: the best window
-            best.append((float(relevance[k]), self.spans[k]))
-        ranked = sorted(range(len(best)), key=lambda i: -best[i][0])  # stable: ties keep order
-        answer = []
-        for i in ranked[: self.top_n]:
-            item: dict[str, Any] = {"index": i, "score": best[i][0]}
-            if (span := best[i][1]) is not None:
-                item["window"] = {"start": span.start, "end": span.end}
-            answer.append(item)
-        return answer
+        return ranked(relevance, self.bounds, self.spans, self.top_n)
 
     @staticmethod
     def answer_many(jobs: list[Job], outputs: list[list[Outputs]]) -> list[Any]:
