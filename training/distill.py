@@ -182,7 +182,10 @@ class DistillArgs(ft.FinetuneArgs):
 
 
 # Fine-tuning options that do not apply: the student comes from the teacher, whole.
-NOT_OPTIONS = ("init", "tokenizer", "labels", "freeze_encoder", "features", "pooling", "resume")
+NOT_OPTIONS = (
+    "init", "tokenizer", "labels", "freeze_encoder", "features", "pooling", "resume",
+    "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "merge",
+)  # fmt: skip
 FINETUNE_OPTIONS = {f.name for f in dataclasses.fields(ft.FinetuneArgs)}
 
 

@@ -18,11 +18,18 @@ main metric. The loop is training.trainer's, on transformers' schedule (linear w
 --out holds best/ (HF layout with id2label and the window, which training.export reads: --export
 and a later export give the same package), last/ (+ trainer_state.pt for --resume),
 metrics.json, log.jsonl, curves.png and, with --export, package/. Only rank 0 writes.
+
+--lora-rank R trains low-rank updates of the encoder and the head (training/lora.py): best/ and
+last/ hold config.json, the tokenizer and adapter.json + adapter.safetensors, and with --merge
+the merged model.safetensors too. A --freeze-encoder run writes the adapter files (the head
+alone) beside its full checkpoint. Either adapter serves on a shared encoder:
+    python -m training.export --checkpoint runs/sst2/best --base-package BASE_PACKAGE
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import platform
@@ -39,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from heads.contract import DENSE_POOLINGS, POOLED_TASKS, REQUEST_TASKS
-from training.checkpoint import CheckpointError, load_model, save_model
+from training.checkpoint import SAFETENSORS, CheckpointError, load_model, save_model
 from training.cli import as_args, option, parse
 from training.config import (
     DEFAULT_MAX_SEQ_LENGTH,
@@ -54,6 +61,16 @@ from training.data.records import DataError
 from training.data.tasks import training_rows
 from training.data.token_classification import read_tagged
 from training.evaluate import TASKS, Evaluator, make_evaluator, torch_runner
+from training.lora import (
+    ADAPTER_TASKS,
+    TARGETS,
+    add_lora,
+    encoder_digest,
+    load_adapter_into,
+    merge_lora,
+    parse_targets,
+    save_adapter,
+)
 from training.model import contrastive_loss
 from training.tokenizer import TokenizerError, load_tokenizer
 from training.trainer import DTYPES, Dist, LoopConfig, Trainer, resolve_precision
@@ -103,6 +120,11 @@ class FinetuneArgs:
     )
     freeze_encoder: bool = option(False, "train the head alone (feature-based, Devlin et al. §5.3)")
     features: str | None = option(None, "token-classification: hidden states the head reads", choices=tuple(FEATURES))  # fmt: skip
+    lora_rank: int = option(0, "LoRA (Hu et al. 2021): train rank-R updates of the encoder and the head, the encoder's weights kept (0: off)", metavar="R")  # fmt: skip
+    lora_alpha: float | None = option(None, "LoRA updates are scaled by alpha / rank (default 2 x rank)")  # fmt: skip
+    lora_dropout: float = option(0.1, "dropout on the LoRA updates' input")
+    lora_targets: str = option("query,value", f"comma list of each layer's linear maps LoRA adapts: {', '.join(TARGETS)}")  # fmt: skip
+    merge: bool = option(False, "with --lora-rank: best/ and last/ also get the merged model.safetensors (--export needs it)")  # fmt: skip
     max_train_examples: int | None = option(None, "use the first N training examples only")
     max_eval_examples: int | None = option(None, "evaluate on the first N examples only")
     export: bool = option(False, "export best/ as a model package in out/package")
@@ -218,6 +240,16 @@ def build_model(args: FinetuneArgs, source: str | Path, labels: list[str] | None
     return model
 
 
+def with_lora(args: FinetuneArgs, model: nn.Module, adapter: Path | None) -> nn.Module:
+    """`model` with LoRA layers as the options say, and `adapter`'s weights (--resume)."""
+    targets = parse_targets(args.lora_targets)
+    assert args.lora_alpha is not None  # _finetune fills in the default first
+    add_lora(model, args.lora_rank, args.lora_alpha, args.lora_dropout, targets)
+    if adapter is not None:
+        load_adapter_into(model, adapter)
+    return model
+
+
 # The BERT paper's recipe (batch 32, 3 epochs; google-research/bert run_classifier.py) is for
 # thousands of examples. On 72 rows it makes 9 optimizer steps, too few to move a new head:
 # 3 topics, all-MiniLM-L6-v2, dev accuracy 66.7% and every score 0.34-0.35 (issue 49).
@@ -315,6 +347,25 @@ def check(args: FinetuneArgs, d: Dist) -> None:
     ]:  # fmt: skip
         if refused:
             raise ValueError(message)
+    check_lora(args)
+
+
+def check_lora(args: FinetuneArgs) -> None:
+    """LoRA's options: its tasks, and what it cannot be combined with."""
+    lora = args.lora_rank > 0
+    export = f"python -m training.export --checkpoint {Path(args.out) / 'best'} --base-package BASE_PACKAGE"  # fmt: skip
+    for refused, message in [
+        (args.lora_rank < 0, f"--lora-rank must be 0 (off) or more, not {args.lora_rank}"),
+        (lora and args.task not in ADAPTER_TASKS, f"--lora-rank is for {', '.join(ADAPTER_TASKS)}, not {args.task}"),
+        (lora and args.freeze_encoder, "--lora-rank trains the encoder's updates, --freeze-encoder none of it: choose one"),
+        (args.merge and not lora, "--merge is for --lora-rank"),
+        (not 0 <= args.lora_dropout < 1, f"--lora-dropout must be in [0, 1), not {args.lora_dropout}"),
+        (lora and args.export and not args.merge, f"--export with --lora-rank exports a full model: add --merge, or serve the adapter on its base package: {export}"),
+    ]:  # fmt: skip
+        if refused:
+            raise ValueError(message)
+    if lora:
+        parse_targets(args.lora_targets)
 
 
 def finetune(
@@ -339,6 +390,8 @@ def finetune(
 def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> FinetuneResult:
     t_start = time.perf_counter()
     args.max_seq_length = args.max_seq_length or DEFAULT_MAX_SEQ_LENGTH[args.task]
+    if args.lora_rank and args.lora_alpha is None:
+        args.lora_alpha = 2.0 * args.lora_rank  # updates scaled by 2 whatever the rank
     out = Path(args.out)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -349,6 +402,11 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         d.log(f"--resume: nothing to resume in {out / 'last'}; starting from {args.init}")
     if state is not None and state["args"]["task"] != args.task:
         raise ValueError(f"{out / 'last'} was trained for {state['args']['task']}, not {args.task}")
+    if state is not None and state["args"].get("lora_rank", 0) != args.lora_rank:
+        rank = state["args"].get("lora_rank", 0)
+        raise ValueError(
+            f"{out / 'last'} was trained with --lora-rank {rank}, not {args.lora_rank}"
+        )
     source = out / "last" if state is not None else Path(args.init)
     fits = BertConfig.load(source).max_tokens  # RoBERTa-base: 512 of its 514 positions
     if args.max_seq_length > fits:
@@ -366,13 +424,23 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
         started = state["args"]
         args.batch_size = args.batch_size or started["batch_size"]
         args.epochs = args.epochs or started["epochs"]
+        if args.lora_rank:  # the head is built anew from --init, as it was at the start
+            args.features = args.features or started["features"]
+            args.pooling = args.pooling or started["pooling"]
     plan = schedule(len(rows), args.batch_size, args.epochs, args.max_steps, d.world)
     args.batch_size, args.epochs = plan.batch_size, plan.epochs
     if plan.reason:
         d.log(plan.reason)
     if plan.warning:
         d.log(f"warning: {plan.warning}")
-    model = build(args, source, label_names(args, labels)).to(d.device).train()
+    # A LoRA run's last/ holds the adapter and the head, not the encoder: that stays --init's.
+    model = build(args, Path(args.init) if args.lora_rank else source, label_names(args, labels))
+    if args.lora_rank:
+        model = with_lora(args, model, source if state is not None else None)
+    adapts = args.lora_rank > 0 or args.freeze_encoder
+    model = model.to(d.device).train()
+    # the encoder does not train: its digest, which adapter.json records, is computed once
+    base = {"checkpoint": args.init, "digest": encoder_digest(model)} if adapts else None
     lengths = [len(r["sequence"]) for r in rows] if args.group_by_length else None
     pad_id = model.config.pad_token_id
     per_process = args.batch_size // d.world
@@ -381,7 +449,13 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
     best: dict[str, Any] = state["best"] if state else {"step": None, "epoch": None, "metrics": {}}
 
     def save(folder: Path) -> None:  # the window and the input kind travel with the weights
-        save_model(model, folder, tokenizer, max_seq_length=args.max_seq_length, reads=text_input)
+        # LoRA: config.json and the tokenizer as any checkpoint, the weights merged on a copy
+        full = merge_lora(copy.deepcopy(model)) if args.lora_rank else model
+        save_model(full, folder, tokenizer, max_seq_length=args.max_seq_length, reads=text_input)
+        if args.lora_rank and not args.merge:
+            (folder / SAFETENSORS).unlink()
+        if base is not None:
+            save_adapter(model, folder, {"task": args.task, "base": base})
 
     def summary(final: dict[str, Any]) -> None:
         """metrics.json, rewritten after every evaluation so an interrupted run leaves one."""
@@ -426,6 +500,9 @@ def _finetune(args: FinetuneArgs, d: Dist, build: Callable, loss_fn: LossFn) -> 
     d.log(f"{args.task}: {n_params / 1e6:.1f}M parameters ({n_trained:,} trained); {total:,} steps "
           f"({data.steps_per_epoch:,} an epoch at batch {args.batch_size}), warm-up {loop.warmup:,}; "
           f"batches {'grouped by length' if lengths else 'shuffled'}, padded to their longest row")  # fmt: skip
+    if args.lora_rank:
+        d.log(f"LoRA rank {args.lora_rank} on {args.lora_targets}: {n_trained / 1e6:.2f}M of "
+              f"{n_params / 1e6:.1f}M parameters train ({n_trained / n_params:.1%})")  # fmt: skip
     if tip := faster_options(args, trainer.precision, d.device):
         d.log(tip)
     if d.main:

@@ -110,3 +110,21 @@ def stsb_pairs(shared: Path) -> list[tuple[str, str]]:
     with open(shared / "stsb" / "dev.tsv", encoding="utf-8") as f:
         rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [(row["sentence1"], row["sentence2"]) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def init(tmp_path_factory):
+    """A tiny encoder on a tiny vocabulary (no ../shared needed), once per module."""
+    from tests.training.tiny import tiny_init, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny")
+    return tiny_init(root / "init", tiny_tokenizer(root / "vocab"))
+
+
+@pytest.fixture(scope="module")
+def sentiment(tmp_path_factory):
+    """Sixteen two-word reviews, SST-2's layout, once per module."""
+    rows = [("good film", 1), ("great movie", 1), ("bad film", 0), ("awful movie", 0)] * 4
+    path = tmp_path_factory.mktemp("data") / "train.tsv"
+    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    return path

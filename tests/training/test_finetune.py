@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from heads.package import read_package
-from tests.training.tiny import tiny_bert_config, tiny_init, tiny_tokenizer
+from tests.training.tiny import tiny_bert_config
 from training import evaluate
 from training import finetune as ft
 from training.checkpoint import load_model, load_state_dict_file, save_model
@@ -27,22 +27,6 @@ from training.model import BertForEmbedding
 from training.optim import adamw
 from training.plots import read_log
 from training.tokenizer import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def init(tmp_path_factory):
-    """A tiny encoder on a tiny vocabulary (no ../shared needed)."""
-    root = tmp_path_factory.mktemp("tiny")
-    return tiny_init(root / "init", tiny_tokenizer(root / "vocab"))
-
-
-@pytest.fixture(scope="module")
-def sentiment(tmp_path_factory):
-    rows = [("good film", 1), ("great movie", 1), ("bad film", 0), ("awful movie", 0)] * 4
-    path = tmp_path_factory.mktemp("data") / "train.tsv"
-    path.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
-    return path
-
 
 # --- the recipe -------------------------------------------------------------------------
 
