@@ -8,7 +8,7 @@ from __future__ import annotations
 
 TASKS = (
     "classification", "token-classification", "question-answering", "embedding", "fill-mask",
-    "late-interaction",
+    "late-interaction", "encoder",
 )  # fmt: skip
 
 # The graph's inputs, in the order the exporter declares them; every package takes all three.
@@ -24,6 +24,8 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "embedding": ("embeddings",),
     "fill-mask": ("logits",),
     "late-interaction": ("token_embeddings",),
+    # the shared encoder adapter packages run over (heads.adapters): its states, no head
+    "encoder": ("last_hidden_state",),
 }
 
 # Every token's vector (B, T, D): a dense embedding package's last hidden state (POST /embed_all),

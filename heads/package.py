@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heads.adapters import ADAPTER_FILE, COMBINES, ENCODER, HEAD_KINDS, KINDS
 from heads.contract import (
     MANIFEST,
     POOLINGS,
@@ -48,6 +49,10 @@ REQUIRED = (
     "prefer",
     "sha256",
 )
+
+
+# the heads an adapter package can be (heads.adapters.Head)
+ADAPTER_HEADS = ("classification", "token-classification", "question-answering")
 
 
 class PackageError(Exception):
@@ -96,6 +101,12 @@ class ModelPackage:
     # prefix and its id, lengths, query expansion, mask_id, skiplist_ids, source; see
     # LATE_INTERACTION_FIELDS); None for every other task
     late_interaction: dict[str, Any] | None = None
+    # an adapter package (heads.adapters): its kind, rank, LoRA modules, head and the encoder
+    # package it runs over (`base`: name, digest); its weights are adapter.npz, it has no graph
+    adapter: dict[str, Any] | None = None
+    # an encoder package (task "encoder"): its weights' digest, hidden size, layers and LoRA
+    # inputs (`lora`: [{module, in, out}]) adapters fill
+    encoder: dict[str, Any] | None = None
 
     @property
     def pad_token_id(self) -> int | None:
@@ -207,7 +218,15 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
             isinstance(x, dict) and "name" in x for x in m[field]
         ):
             raise bad(f"{field} must be a list of {{name, dtype, shape}}")
-    if not isinstance(variants, dict) or not variants or set(variants) - set(VARIANTS):
+    adapter, encoder = m.get("adapter"), m.get("encoder")
+    if problem := adapter_problem(adapter, encoder, m["task"], path):
+        raise bad(problem)
+    graphless = adapter is not None  # an adapter's weights run in its encoder's graph
+    if (
+        not isinstance(variants, dict)
+        or (not variants and not graphless)
+        or set(variants) - set(VARIANTS)
+    ):
         raise bad(f"variants {variants!r} must map some of {', '.join(VARIANTS)} to files")
     for device, variant in prefer.items():
         if variant not in variants:
@@ -248,7 +267,54 @@ def read_package(path: Path, verify: bool = True) -> ModelPackage:
         reads=reads,
         default_for=tuple(default_for),
         late_interaction=dict(late_interaction) if late_interaction is not None else None,
+        adapter=dict(adapter) if adapter is not None else None,
+        encoder=dict(encoder) if encoder is not None else None,
     )
+
+
+def adapter_problem(adapter: Any, encoder: Any, task: str, path: Path) -> str | None:
+    """What is wrong with a package's `adapter` or `encoder` block (None: nothing): an encoder
+    package has `encoder` (digest, hidden_size, layers, lora slots); an adapter package of a
+    classification, token-classification or question-answering head has `adapter` (kind,
+    rank, modules, head, base) and its adapter.npz."""
+    if (encoder is not None) != (task == ENCODER):
+        return "an encoder package, and only one, has an 'encoder' block"
+    if encoder is not None:
+        if not isinstance(encoder, dict) or not isinstance(encoder.get("digest"), str):
+            return "encoder must be an object with a digest"
+        slots = encoder.get("lora")
+        if not isinstance(slots, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("module"), str)
+            and isinstance(s.get("in"), int) and isinstance(s.get("out"), int)
+            for s in slots
+        ):  # fmt: skip
+            return "encoder.lora must be a list of {module, in, out}"
+        if not isinstance(encoder.get("hidden_size"), int):
+            return "encoder.hidden_size must be an integer"
+    if adapter is None:
+        return None
+    if task not in ADAPTER_HEADS:
+        return f"adapter packages serve {', '.join(ADAPTER_HEADS)}, not {task}"
+    if not isinstance(adapter, dict):
+        return "adapter must be an object"
+    if adapter.get("kind") not in KINDS:
+        return f"adapter.kind must be one of {', '.join(KINDS)}"
+    base = adapter.get("base")
+    if not isinstance(base, dict) or not isinstance(base.get("digest"), str):
+        return "adapter.base must name the encoder's digest"
+    head = adapter.get("head")
+    if not isinstance(head, dict) or head.get("kind") not in HEAD_KINDS:
+        return f"adapter.head.kind must be one of {', '.join(HEAD_KINDS)}"
+    if head.get("combine", "concat") not in COMBINES:
+        return f"adapter.head.combine must be one of {', '.join(COMBINES)}"
+    modules = adapter.get("modules", [])
+    if not isinstance(modules, list) or not all(isinstance(x, str) for x in modules):
+        return "adapter.modules must be a list of module names"
+    if not isinstance(adapter.get("rank"), int) or adapter["rank"] < 0:
+        return "adapter.rank must be a non-negative integer"
+    if not (path / ADAPTER_FILE).is_file():
+        return f"an adapter package needs {ADAPTER_FILE}"
+    return None
 
 
 def default_for_problem(
