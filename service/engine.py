@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from heads.contract import MANIFEST
 from heads.tasks import Job, TaskOptions
-from service.errors import ClientGone, ModelNotFound, PayloadTooLarge
+from heads.tasks.analyze import AnalyzeJob, HeadJob
+from service.errors import ClientGone, InputError, ModelNotFound, PayloadTooLarge
 from service.job_queue import Timing
 from service.metrics import Metrics
 from service.model_control import Poller
@@ -156,15 +157,66 @@ class Engine:
             for field, sized in options.sized(items).items():
                 self.check_sizes(sized, field)
             job = call.job = options.job(chosen.package, items)
-            future = chosen.batcher.enqueue(job, call.deadline, call.timing, call.alone)
+            return await self._queued(call, chosen, job)
+        finally:
+            registry.admission.release()
+
+    async def analyze(
+        self,
+        heads: Mapping[str, TaskOptions],
+        inputs: Sequence[Any],
+        *,
+        call: Call | None = None,
+    ) -> dict[str, Any]:
+        """Several heads trained on one frozen encoder (adapter packages of kind "frozen",
+        heads.adapters), each with its task's options, over `inputs` in one encoder pass
+        (heads.tasks.analyze): head name -> the answer its own endpoint gives. The same path
+        as `answer`; 422 for a head that is not a frozen-encoder adapter, or heads over
+        different encoders."""
+        if call is None:
+            call = self.call()
+        items = list(inputs)
+        registry = self.registry
+        registry.check_accepting()
+        registry.admission.acquire()
+        try:
+            parts: dict[str, HeadJob] = {}
+            base: LoadedModel | None = None
+            for name, options in heads.items():
+                chosen = registry.select(options.use or options.task, name, call.where)
+                if chosen.adapter is None or chosen.adapter.kind != "frozen":
+                    raise InputError(
+                        f"model {name!r} is not a head trained on a frozen encoder: "
+                        f"{call.where} runs one encoder pass for such heads only; ask "
+                        f"{name} on its task's endpoint"
+                    )
+                if base is not None and chosen.base is not base:
+                    raise InputError(
+                        f"{call.where}: the heads run over different encoders "
+                        f"({base.name}, {chosen.base.name if chosen.base else '?'})"
+                    )
+                base = chosen.base
+                for field, sized in options.sized(items).items():
+                    self.check_sizes(sized, field)
+                parts[name] = HeadJob(options.job(chosen.package, items), chosen.adapter)
+            if base is None:
+                raise InputError(f"{call.where}: name at least one model in 'models'")
+            call.model, call.task, call.inputs = base, "analyze", len(items)
+            job = call.job = AnalyzeJob(parts)
+            return await self._queued(call, base, job)  # type: ignore[no-any-return]
+        finally:
+            registry.admission.release()
+
+    async def _queued(self, call: Call, model: LoadedModel, job: Job) -> Any:
+        """Queue `job` on `model`'s batcher with the call's deadline, and its answer."""
+        try:
+            future = model.batcher.enqueue(job, call.deadline, call.timing, call.alone)
             call.future, call.enqueued = future, time.perf_counter()
             return await future
         except asyncio.CancelledError:
             if call.cancelled:  # its caller gave it up, not a cancelled task
                 raise ClientGone("the caller gave the call up (client disconnected)") from None
             raise
-        finally:
-            registry.admission.release()
 
     def check_sizes(self, inputs: list[Any], field: str = "inputs") -> None:
         """413 for more inputs than max_client_batch_size or an input over max_text_chars (a

@@ -162,6 +162,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",  # with --workers: every worker loads the same packages
         )
+        self.adapter_info = Gauge(
+            f"{PREFIX}_adapter_info",
+            "1 for each adapter package (heads.adapters), with the encoder it runs over, its kind "
+            "(lora, frozen), rank and the bytes of its weights.",
+            ["model", "base", "kind", "rank", "bytes"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         for reason in FAILURE_REASONS:
             self.failures.labels("", "", reason)
         self._answered: dict[tuple[str, str, str, int], tuple[Counter, Histogram]] = {}

@@ -21,7 +21,8 @@ import asyncio
 import contextlib
 import logging
 
-from service.registry import Registry, fingerprint
+from heads.adapters import ENCODER
+from service.registry import Registry, fingerprint, is_encoder
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,9 @@ class Poller:
         """One look at model_dir: load what is new or changed and has stayed so for one
         interval, unload what is gone."""
         registry = self.registry
-        found = dict((name, path) for path, name in registry.packages())
+        # encoders load before the adapters that run over them, and unload after them
+        packages = sorted(registry.packages(), key=lambda found: not is_encoder(found[0]))
+        found = dict((name, path) for path, name in packages)
         seen, self._seen = self._seen, {n: fingerprint(p) for n, p in found.items()}
         for name, path in found.items():
             now = self._seen[name]
@@ -68,6 +71,6 @@ class Poller:
             # a failure is logged and shown by the registry; the old version, if any, serves
             with contextlib.suppress(Exception):
                 await registry.load(path, name, attempt=now)
-        for entry in list(registry.entries):
-            if entry.name not in found:
-                await registry.unload(entry.name)
+        gone = [e for e in registry.entries if e.name not in found]
+        for entry in sorted(gone, key=lambda e: e.task == ENCODER):
+            await registry.unload(entry.name)

@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import gc
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,17 +28,20 @@ from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from tokenizers import Tokenizer
 
-from heads.contract import MANIFEST, OUTPUT_NAMES, answering_tasks
+from heads.adapters import ADAPTER_INPUT, ENCODER, Adapter, check_fits, read_adapter
+from heads.contract import MANIFEST, OUTPUT_NAMES, TOKENIZER, answering_tasks
 from heads.package import ModelPackage, read_package
 from heads.rows import encode, forget, load_package_tokenizer, pad_id, row, template
+from service.adapters import AdapterDoor
 from service.batcher import Batcher, pad
 from service.errors import InputError, ModelNotFound, NotReady
 from service.job_queue import Admission
 from service.malloc import give_back_free_memory
 from service.metrics import Metrics
-from service.runtime import Backend, open_backend, warm_up
+from service.runtime import ON_REQUEST, Backend, EncoderBackend, open_backend, warm_up
 from service.selection import check_named, choose, none_loaded, package_folders, unfit
 from service.settings import EngineSettings
 
@@ -59,7 +63,10 @@ class LoadedModel:
     package_name: str  # what package.json calls it, shown by /models where it differs
     version: str  # the start of package.json's sha256 (which holds every file's)
     loaded_at: float  # time.time()
-    batcher: Batcher = field(init=False)  # set by Registry._serve, on the event loop
+    # set by Registry._serve, on the event loop; an adapter's door into its encoder's batcher
+    batcher: Batcher | AdapterDoor = field(init=False)
+    adapter: Adapter | None = None  # an adapter package's weights (heads.adapters)
+    base: LoadedModel | None = None  # the encoder an adapter runs over
 
     @property
     def name(self) -> str:
@@ -111,6 +118,14 @@ def sequence_outputs(package: ModelPackage) -> frozenset[str]:
         for o in package.outputs
         if len(o.get("shape", [])) > 1 and o["shape"][1] == "sequence"
     )
+
+
+def is_encoder(folder: Path) -> bool:
+    """Whether the package in `folder` is an encoder (adapters run over it): they load first."""
+    try:
+        return json.loads((folder / MANIFEST).read_text()).get("task") == ENCODER
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def fingerprint(folder: Path) -> str | None:
@@ -172,7 +187,8 @@ class Registry:
         self.entries = [Entry(path=p, name=name) for p, name in self.packages()]
         if not self.entries:
             log.error("no model package under %s", model_dir.resolve())
-        for entry in self.entries:
+        # encoders first: the adapters that run over them find them loaded
+        for entry in sorted(self.entries, key=lambda e: not is_encoder(e.path)):
             entry.attempted = fingerprint(entry.path)
             try:
                 opened = await asyncio.to_thread(self._open, entry.path, entry.name)
@@ -206,6 +222,8 @@ class Registry:
         # Served under its folder's name, one rule for every package: a user who renames or
         # copies a folder (models/wnut from runs/wnut-bh/package) asks for the name they see.
         package_name, package = package.name, dataclasses.replace(package, name=name)
+        if package.adapter is not None:
+            return self._open_adapter(package, package_name, start)
         declared = {o["name"] for o in package.outputs}
         missing = REQUIRED_OUTPUTS[package.task] - declared
         if missing:
@@ -226,9 +244,75 @@ class Registry:
             package, tokenizer, backend, variant, seconds, package_name, version, time.time()
         )
 
+    def _open_adapter(self, package: ModelPackage, package_name: str, start: float) -> LoadedModel:
+        """An adapter package over the loaded encoder it names, warmed up through it."""
+        assert package.adapter is not None
+        wanted = package.adapter["base"]
+        base = self.encoder_for(wanted)
+        if base is None:
+            raise ValueError(
+                f"its encoder {wanted.get('name')!r} (weights {wanted['digest'][:12]}) is not "
+                "loaded: put that encoder package in the model directory (or load it first)"
+            )
+        if package.sha256.get(TOKENIZER) != base.package.sha256.get(TOKENIZER):
+            raise ValueError(f"its tokenizer.json is not its encoder {base.name}'s")
+        adapter = read_adapter(package.path, package.name, package.adapter)
+        assert base.package.encoder is not None
+        if why := check_fits(adapter, base.package.encoder):
+            raise ValueError(f"it cannot run over {base.name}: {why}")
+        sample = row(template(base.tokenizer), encode(base.tokenizer, "warm up the model").ids)
+        warm = time.perf_counter()
+        feeds = pad([sample, sample], pad_id(base.package.pad_token_id, base.tokenizer))
+        feeds[ADAPTER_INPUT] = np.array([adapter, adapter], dtype=object)
+        states = base.backend.run(feeds, True, ON_REQUEST)
+        n = len(sample)
+        for name, value in adapter.head({k: v[0, :n] for k, v in states.items()}).items():
+            if not np.all(np.isfinite(value)):
+                raise RuntimeError(f"warm-up output {name} is not finite")
+        seconds = time.perf_counter() - warm
+        log.info("%s: adapter over %s loaded in %.2fs", package.name, base.name,
+                 time.perf_counter() - start)  # fmt: skip
+        version = hashlib.sha256((package.path / MANIFEST).read_bytes()).hexdigest()[:12]
+        return LoadedModel(
+            package, base.tokenizer, base.backend, base.variant, seconds, package_name, version,
+            time.time(), adapter=adapter, base=base,
+        )  # fmt: skip
+
+    def encoder_for(self, wanted: dict[str, Any]) -> LoadedModel | None:
+        """The loaded encoder an adapter's `base` block names: its weights' digest, by its
+        name first where several hold the same weights."""
+        fits = [
+            e.model
+            for e in self.entries
+            if e.model is not None
+            and e.model.package.encoder is not None
+            and e.model.package.encoder["digest"] == wanted["digest"]
+        ]
+        return next((m for m in fits if m.name == wanted.get("name")), fits[0] if fits else None)
+
+    def riders(self, encoder: LoadedModel) -> list[Entry]:
+        """The entries of the adapters that run over `encoder`."""
+        return [e for e in self.entries if e.model is not None and e.model.base is encoder]
+
     def _serve(self, opened: LoadedModel) -> None:
-        """Give `opened` its batcher, started on this event loop."""
+        """Give `opened` its batcher, started on this event loop (an adapter: its door into its
+        encoder's)."""
         package = opened.package
+        if opened.adapter is not None and opened.base is not None:
+            assert isinstance(opened.base.backend, EncoderBackend)
+            base_batcher = opened.base.batcher
+            assert isinstance(base_batcher, Batcher)
+            opened.batcher = AdapterDoor(base_batcher, opened.base.backend, opened.adapter)
+            self.metrics.add_model(package.name, package.task)
+            a = opened.adapter
+            self.metrics.adapter_info.labels(
+                package.name, opened.base.name, a.kind, str(a.rank), str(a.nbytes)
+            ).set(1)
+            provider = opened.backend.provider
+            self.metrics.model_info.labels(
+                package.name, package.task, opened.variant, provider
+            ).set(1)
+            return
         s = self.settings
         if s.max_batch_tokens < package.max_seq_length:
             log.warning(
@@ -282,15 +366,41 @@ class Registry:
                     entry.state, entry.error = "failed", error
                     log.error("%s: not served: %s", path, error)
                 raise
+            old = entry.model
+            riders = self.riders(old) if old is not None else []
+            if riders and (why := self._cannot_carry(opened, riders)):
+                entry.reload_error = why
+                raise ValueError(why)
             self._serve(opened)
             self._add(entry)
-            old, entry.model, entry.path = entry.model, opened, path
+            entry.model, entry.path = opened, path
             entry.state, entry.error, entry.reload_error = "ready", None, None
             log.info("%s: version %s serving", name, opened.version)
+            for rider in riders:  # its adapters now run over the new version
+                assert rider.model is not None
+                moved = dataclasses.replace(
+                    rider.model, backend=opened.backend, tokenizer=opened.tokenizer, base=opened
+                )
+                self._serve(moved)
+                self._retire(rider.model)
+                rider.model = moved
             if old is not None:
                 self._retire(old)
             self.check_defaults()
             return entry
+
+    def _cannot_carry(self, opened: LoadedModel, riders: list[Entry]) -> str | None:
+        """Why the adapters `riders` cannot move onto the encoder `opened` (None: they can)."""
+        encoder = opened.package.encoder
+        if encoder is None:
+            return (
+                f"adapters run over it ({', '.join(e.name for e in riders)}); it is no encoder now"
+            )
+        for rider in riders:
+            assert rider.model is not None and rider.model.adapter is not None
+            if why := check_fits(rider.model.adapter, encoder):
+                return f"adapter {rider.name} cannot run over the new version: {why}"
+        return None
 
     def _add(self, entry: Entry) -> None:
         if entry not in self.entries:
@@ -303,6 +413,11 @@ class Registry:
             entry = self.entry(name)
             if entry is None:
                 raise ModelNotFound(f"no model named {name!r}; GET /models lists them")
+            if entry.model is not None and (riders := self.riders(entry.model)):
+                raise InputError(
+                    f"adapters run over {name} ({', '.join(e.name for e in riders)}): unload "
+                    "them first"
+                )
             self.entries = [e for e in self.entries if e is not entry]
             if entry.model is not None:
                 self._retire(entry.model)
@@ -321,7 +436,8 @@ class Registry:
         while not model.batcher.idle and loop.time() < deadline:
             await asyncio.sleep(0.01)
         await model.batcher.stop()  # anything still queued past the deadline: 503
-        forget(model.tokenizer)  # the row-layout caches would keep it alive
+        if model.adapter is None:  # an adapter's tokenizer is its encoder's, still serving
+            forget(model.tokenizer)  # the row-layout caches would keep it alive
         del model
         # The first load froze what it made out of the collector's reach (load_all): thaw it
         # so that a retired version's cycles can go, then freeze what serves again.

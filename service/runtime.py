@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from heads.contract import TOKEN_EMBEDDINGS
+from heads.adapters import ADAPTER_INPUT, ALL_HIDDEN_STATES, ENCODER, Adapter, stack_lora
+from heads.contract import INPUT_NAMES, TOKEN_EMBEDDINGS
 from heads.quality import agreement_problem
 
 if TYPE_CHECKING:
@@ -46,8 +48,9 @@ CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 Provider = str | tuple[str, dict[str, str]]  # a name, or a name and its options
 # Outputs a session hands back only when a batch's jobs ask for them (`wants`): an embedding
 # package's token vectors are (B, T, H) where its pooled vector is (B, H), and only /embed_all
-# reads them. A graph with no other output (a ColBERT package) always hands them back.
-ON_REQUEST = frozenset({TOKEN_EMBEDDINGS})
+# reads them. A graph with no other output (a ColBERT package) always hands them back. An
+# encoder's every layer's states (B, T, L + 1, H) go only to a head that reads other layers.
+ON_REQUEST = frozenset({TOKEN_EMBEDDINGS, ALL_HIDDEN_STATES})
 NONE: frozenset[str] = frozenset()
 _NUMPY_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
@@ -122,9 +125,15 @@ class OrtBackend:
     def run(
         self, feeds: Mapping[str, np.ndarray], alone: bool = True, wants: frozenset[str] = NONE
     ) -> dict[str, np.ndarray]:
-        inputs = {
-            name: np.asarray(feeds[name], dtype=dtype) for name, dtype in self._inputs.items()
-        }
+        return self._run(self._feeds(feeds), alone, wants)
+
+    def _feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The session's inputs from the batcher's feeds, in the types the graph takes."""
+        return {name: np.asarray(feeds[name], dtype=dtype) for name, dtype in self._inputs.items()}
+
+    def _run(
+        self, inputs: dict[str, np.ndarray], alone: bool, wants: frozenset[str]
+    ) -> dict[str, np.ndarray]:
         session = self.session if alone else self._lane_session
         names = self._outputs + [o for o in self._on_request if o in wants]
         outputs = session.run(names, inputs)
@@ -132,6 +141,55 @@ class OrtBackend:
             name: (out.astype(np.float32) if out.dtype == np.float16 else out)
             for name, out in zip(names, outputs, strict=True)
         }
+
+
+class EncoderBackend(OrtBackend):
+    """An encoder package's session (heads.adapters) and the LoRA matrices of the adapters
+    attached to it, stacked once per attach or detach, not per batch. A batch's rows name
+    their adapter (feeds[ADAPTER_INPUT]: an object array of Adapter or None, from the jobs);
+    each row gathers its own slot in the graph, so one batch mixes any adapters. A row whose
+    adapter was detached while it waited (unloaded) still runs: the batch gets a stack of its
+    own with it."""
+
+    def __init__(self, slots: list[dict[str, object]], *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.slots = slots
+        self._lock = threading.Lock()
+        self._stacked: tuple[tuple[Adapter, ...], dict[int, int], dict[str, np.ndarray]]
+        self._restack(())
+
+    def _restack(self, adapters: tuple[Adapter, ...]) -> None:
+        slot = {id(a): n for n, a in enumerate(adapters, start=1)}
+        self._stacked = (adapters, slot, stack_lora(self.slots, adapters))  # type: ignore[arg-type]
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        return self._stacked[0]
+
+    def attach(self, adapter: Adapter) -> None:
+        with self._lock:
+            if all(a is not adapter for a in self.adapters):
+                self._restack((*self.adapters, adapter))
+
+    def detach(self, adapter: Adapter) -> None:
+        with self._lock:
+            self._restack(tuple(a for a in self.adapters if a is not adapter))
+
+    def _feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        adapters, slot, stacked = self._stacked  # one consistent snapshot
+        rows = feeds.get(ADAPTER_INPUT)
+        if rows is None:
+            index = np.zeros(len(feeds["input_ids"]), dtype=np.int64)
+        else:
+            if gone := [a for a in rows if a is not None and id(a) not in slot]:
+                adapters = (*adapters, *dict.fromkeys(gone))
+                slot = {id(a): n for n, a in enumerate(adapters, start=1)}
+                stacked = stack_lora(self.slots, adapters)  # type: ignore[arg-type]
+            index = np.array([0 if a is None else slot[id(a)] for a in rows], dtype=np.int64)
+        inputs = {
+            n: np.asarray(feeds[n], dtype=self._inputs[n]) for n in INPUT_NAMES if n in self._inputs
+        }
+        return {**inputs, ADAPTER_INPUT: index, **stacked}
 
 
 def _session(
@@ -232,7 +290,7 @@ def open_backend(package: ModelPackage, settings: EngineSettings) -> tuple[OrtBa
     variant = choose_variant(package, settings.variant, "gpu" if try_cuda else "cpu")
     threads, spinning = settings.intra_op_threads, settings.intra_op_spinning
     lanes = cpu_lanes(settings)
-    backend = OrtBackend(package.variant_path(variant), providers, threads, spinning, *lanes)
+    backend = _backend(package, package.variant_path(variant), providers, threads, spinning, lanes)
     if try_cuda and backend.provider != "cuda":
         if settings.device == "cuda":
             raise RuntimeError("device=cuda but the CUDA provider failed to start (see ORT log)")
@@ -240,7 +298,8 @@ def open_backend(package: ModelPackage, settings: EngineSettings) -> tuple[OrtBa
         cpu_variant = choose_variant(package, settings.variant, "cpu")
         if cpu_variant != variant:
             variant = cpu_variant
-            backend = OrtBackend(package.variant_path(variant), [CPU], threads, spinning, *lanes)
+            path = package.variant_path(variant)
+            backend = _backend(package, path, [CPU], threads, spinning, lanes)
     if backend.provider == "cpu" and variant == "fp16":
         log.warning("%s: fp16 on CPU is usually slower than fp32", package.name)
     if problem := agreement_problem(package.agreement(variant), variant):
@@ -250,6 +309,21 @@ def open_backend(package: ModelPackage, settings: EngineSettings) -> tuple[OrtBa
         f", {backend.lanes} batches at once" if backend.lanes > 1 else "",
     )  # fmt: skip
     return backend, variant
+
+
+def _backend(
+    package: ModelPackage,
+    path: Path,
+    providers: list[Provider],
+    threads: int,
+    spinning: bool,
+    lanes: tuple[int, int],
+) -> OrtBackend:
+    """An encoder package's EncoderBackend, any other's OrtBackend."""
+    if package.task == ENCODER:
+        assert package.encoder is not None
+        return EncoderBackend(package.encoder["lora"], path, providers, threads, spinning, *lanes)
+    return OrtBackend(path, providers, threads, spinning, *lanes)
 
 
 def warm_up(backend: Backend, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -893,6 +893,18 @@ class ModelInfo(BaseModel):
     hidden_states: int | None = Field(
         default=None, description="Embedding: hidden states /embed `layers` can read (L + 1)."
     )
+    base: str | None = Field(
+        default=None,
+        description="An adapter package: the encoder package it runs over (heads.adapters).",
+    )
+    adapter: dict[str, Any] | None = Field(
+        default=None,
+        description="An adapter package: its kind (lora, frozen), rank, adapted layers "
+        "(targets) and the bytes of its weights in memory.",
+    )
+    adapters: list[str] | None = Field(
+        default=None, description="An encoder package: the adapters that run over it."
+    )
     prompts: dict[str, str] | None = Field(
         default=None, description="Embedding: the `prompt_name`s /embed takes, and their texts."
     )
@@ -952,3 +964,21 @@ class TokenVectors(BaseModel):
 
 
 EmbedAllResponse = list[list[list[float]]] | list[TokenVectors]
+
+
+class AnalyzeRequest(_Body):
+    """Several heads trained on one frozen encoder, over the same texts, in one encoder pass:
+    each named model's answer, as its own endpoint gives it."""
+
+    inputs: Texts
+    models: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+        | Annotated[dict[str, dict[str, Any]], Field(min_length=1)]
+    ) = Field(
+        description="The heads by name (a list), or name -> that head's options as its own "
+        'endpoint takes them, e.g. {"sentiment": {"top_k": 2}, "entities": '
+        '{"aggregation_strategy": "first"}}.'
+    )
+
+
+AnalyzeResponse = dict[str, Any]

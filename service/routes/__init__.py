@@ -8,6 +8,7 @@ The order of ROUTERS is the order of the OpenAPI page.
 from __future__ import annotations
 
 from service.routes import (
+    analyze,
     classify,
     docs,
     embed,
@@ -32,6 +33,7 @@ ROUTERS = [
     embed.router,
     masked_lm.router,
     rerank.router,
+    analyze.router,
     tokenize.router,
     models.router,
     models.control,

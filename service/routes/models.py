@@ -29,7 +29,25 @@ router = APIRouter(tags=["models"], dependencies=[ApiKey])
 control = APIRouter(tags=["model control"])
 
 
-def describe(entry: Entry, chosen_for: list[str] | None = None) -> ModelInfo:
+def adapter_fields(entry: Entry, registry: Registry | None) -> dict[str, Any]:
+    """An adapter's base and weights, an encoder's adapters (heads.adapters)."""
+    model = entry.model
+    assert model is not None
+    if model.adapter is not None and model.base is not None:
+        a, p = model.adapter, model.package
+        targets = p.adapter.get("targets", []) if p.adapter else []
+        return {
+            "base": model.base.name,
+            "adapter": {"kind": a.kind, "rank": a.rank, "targets": targets, "bytes": a.nbytes},
+        }
+    if model.package.encoder is not None and registry is not None:
+        return {"adapters": [e.name for e in registry.riders(model)]}
+    return {}
+
+
+def describe(
+    entry: Entry, chosen_for: list[str] | None = None, registry: Registry | None = None
+) -> ModelInfo:
     """`chosen_for`: the request tasks it answers when a request names no model."""
     info = ModelInfo(
         name=entry.name,
@@ -56,6 +74,7 @@ def describe(entry: Entry, chosen_for: list[str] | None = None) -> ModelInfo:
             "pooling": p.pooling,
             "normalize": p.normalize if p.task == "embedding" else None,
             "hidden_states": embed.hidden_states(p.outputs) if p.task == "embedding" else None,
+            **adapter_fields(entry, registry),
             "prompts": p.prompts or None,
             "default_prompt_name": p.default_prompt_name,
             "max_seq_length": p.max_seq_length,
@@ -105,7 +124,7 @@ async def list_models(registry: RegistryDep, settings: SettingsDep) -> ModelsRes
     chosen = defaults(ready, settings.default_model)
     return ModelsResponse(
         models=[
-            describe(e, [use for use, name in chosen.items() if name == e.name])
+            describe(e, [use for use, name in chosen.items() if name == e.name], registry)
             for e in registry.entries
         ],
         defaults=chosen,
@@ -183,7 +202,7 @@ async def load_model(name: str, request: Request) -> ModelInfo:
     except Exception as exc:
         raise InputError(f"model {name!r} did not load: {type(exc).__name__}: {exc}") from None
     entry = engine.registry.entry(name)
-    return describe(entry)
+    return describe(entry, registry=engine.registry)
 
 
 @control.post("/models/{name}/unload", responses=CONTROL_ERRORS, dependencies=[AdminKey])

@@ -272,6 +272,8 @@ TASKS: dict[str, Task] = {
 def task_of(package: ModelPackage) -> Task:
     if package.task == "embedding" and package.sparse:
         return SPARSE
+    if package.task not in TASKS:  # an encoder: its adapters answer (heads.adapters)
+        raise V2Error(400, f"model {package.name!r} is an encoder; infer with its adapters")
     return TASKS[package.task]
 
 
@@ -367,7 +369,11 @@ async def _model_metadata(request: Request, name: str, version: str | None = Non
         return _error(e.status, e.message)
     if entry.model is None:
         return _error(503 if entry.state == "loading" else 404, f"model {name!r} is {entry.state}")
-    package, task = entry.model.package, task_of(entry.model.package)
+    package = entry.model.package
+    try:
+        task = task_of(package)
+    except V2Error as e:
+        return _error(e.status, e.message)
     shapes = task.shapes(package)
     return JSONResponse(
         {

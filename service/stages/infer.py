@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from heads.adapters import ADAPTER_INPUT
 from heads.rows import pad
 from service.job_queue import Queued
 from service.metrics import ModelMetrics
@@ -135,6 +136,10 @@ class Runner:
         self._begin(batch)
         rows = [request.rows[i] for request, i in batch]
         feeds = pad(rows, self.pad_token_id)
+        # an encoder's batch: each row's LoRA adapter (heads.adapters; None: the encoder's own)
+        adapters = [getattr(request.job, "adapter", None) for request, _ in batch]
+        if any(a is not None for a in adapters):
+            feeds[ADAPTER_INPUT] = np.array(adapters, dtype=object)
         size, longest = feeds["input_ids"].shape
         self.metrics.batch_size.observe(size)
         self.metrics.batch_tokens.observe(size * longest)
