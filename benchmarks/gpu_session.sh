@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p /tmp/parts /tmp/results $OUT
 cp .gpu/p*/* /tmp/parts/ 2>/dev/null
 R=/tmp/results
-PY=python3
+PY=${PY:-python3}
 T0=$(date +%s)
 log() { echo "== $(( $(date +%s) - T0 ))s $*"; }
 pack() { tar -czf $OUT/results.tgz -C /tmp results; }
@@ -45,10 +45,10 @@ ortgpu() {  # onnxruntime-gpu joined from its pieces, ahead of the image's CPU o
   fi
   export PYTHONPATH=/tmp/ortsite:/tmp/site
 }
-minilm() {
+minilm() {  # .gpu/minilm16.safetensors whole (45 MB: fits one call beside the tree), or its pieces
   if [ ! -f /tmp/minilm/model.safetensors ]; then
     mkdir -p /tmp/minilm; cp -r .gpu/minilm/. /tmp/minilm/
-    cat /tmp/parts/mini.0* > /tmp/minilm16.safetensors
+    if [ -f .gpu/minilm16.safetensors ]; then cp .gpu/minilm16.safetensors /tmp/; else cat /tmp/parts/mini.0* > /tmp/minilm16.safetensors; fi
     $PY -c "
 from safetensors.torch import load_file, save_file
 t = load_file('/tmp/minilm16.safetensors')
@@ -114,6 +114,16 @@ for stage in "$@"; do
         --documents files --out /tmp/pt-$c --no-progress $flag > $R/pretrain-compile-$c.log 2>&1
       echo "rc=$?"; tail -4 $R/pretrain-compile-$c.log; cp /tmp/pt-$c/log.jsonl $R/pretrain-compile-$c.jsonl 2>/dev/null
     done ;;
+  lora)  # issue 52's quality: full / LoRA / frozen fine-tuning of all-MiniLM-L6-v2, SST-2 and CoNLL-2003
+    # (.gpu/data/sst2/{train.tsv.gz,dev.tsv}, .gpu/data/conll2003/{eng.train.gz,eng.testa})
+    deps; minilm
+    mkdir -p /tmp/qdata; cp -r .gpu/data/. /tmp/qdata/; gunzip -f /tmp/qdata/*/*.gz
+    for t in conll sst2; do for w in frozen lora full; do  # one run each: a timeout loses one row only
+      e=${EPOCHS:-2}; [ $t = sst2 ] && e=${EPOCHS_SST2:-$e}
+      timeout ${LORA_S:-150} $PY -m benchmarks.lora_quality --tasks $t --ways $w --epochs $e --init $MINILM \
+        --data /tmp/qdata --out /tmp/lora-runs --results $R/lora-$t-$w ${LORA_ARGS:-} > $R/lora-$t-$w.log 2>&1
+      echo "rc=$? $t $w"; grep "^| $t" $R/lora-$t-$w/lora_quality.md 2>/dev/null || tail -5 $R/lora-$t-$w.log; pack
+    done; done ;;
   tests)
     deps; ortgpu
     timeout 240 $PY -m pytest -p no:cacheprovider -m gpu -q tests/service/test_gpu.py \
