@@ -44,7 +44,9 @@ def head_options(registry: Registry, name: str, given: dict[str, Any]) -> TaskOp
     try:
         return body.model_validate({"inputs": "-", **given}).options()  # type: ignore[no-any-return]
     except ValidationError as e:
-        raise InputError(f"models.{name}: {describe_validation(cast(list[dict[str, Any]], e.errors()))}") from None
+        raise InputError(
+            f"models.{name}: {describe_validation(cast(list[dict[str, Any]], e.errors()))}"
+        ) from None
 
 
 @router.post("/analyze", response_model=AnalyzeResponse, responses=ERRORS)
