@@ -105,7 +105,7 @@ def report_row(package: Path, wall: float) -> dict:
         "size_mib": {v: round(mib, 1) for v, mib in sizes.items()},
         "parity": parity,
         "fused_ops": {op: n for op, n in fusion["ops"].items() if n},
-        # undone in the CPU's files (training.export.split_skip_layer_norm)
+        # undone in the CPU's files (training.graph.split_skip_layer_norm)
         "cpu_split": {op: n for op, n in fusion.get("cpu_split", {}).items() if n},
         "graph": manifest["source"]["export"]["graph"],
         "versions": manifest["source"]["export"]["versions"],

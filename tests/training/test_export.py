@@ -21,14 +21,16 @@ from heads.package import ModelPackage, read_package
 from heads.quality import GATES
 from heads.rows import load_package_tokenizer, pad, pad_id
 from heads.tasks import classify, embed, fill_mask, ner, qa, sparse
-from training import export, quantize
+from training import export, graph, quantize
 from training.export import ExportError, export_package, main
 from training.metrics import spearman
 from training.model import BertSelfAttention, set_attention_implementation
 
 # late-interaction exports a ColBERT folder, never a model object: its own tests are in
 # tests/training/test_export_late_interaction.py
-TASKS = [task for task in OUTPUT_NAMES if task != "late-interaction"]
+# late-interaction and encoder packages have exports of their own (test_export_late_interaction,
+# test_adapters_export)
+TASKS = [task for task in OUTPUT_NAMES if task not in ("late-interaction", "encoder")]
 VARIANTS = ("fp32", "int8", "fp16")
 LAYERS = 2  # the tiny model's depth (benchmarks/tiny.py)
 # all-MiniLM-L6-v2 int8 (training.export.INT8_OPS) against fp32, measured on AVX-512 VNNI:
@@ -252,7 +254,7 @@ def skip_layer_norm_graph(inputs: list[str], outputs: list[str]) -> onnx.ModelPr
 def test_split_skip_layer_norm_computes_what_ort_fused_did(inputs, outputs, splits) -> None:
     fused = skip_layer_norm_graph(inputs, outputs)
     split = skip_layer_norm_graph(inputs, outputs)
-    assert export.split_skip_layer_norm(split) == splits
+    assert graph.split_skip_layer_norm(split) == splits
     ops = {n.op_type for n in split.graph.node}
     assert ("SkipLayerNormalization" in ops) == (splits == 0)
     onnx.checker.check_model(split, full_check=True)
