@@ -292,6 +292,7 @@ def controlled(dirs: Dirs, tmp_path: Path) -> Iterator[LiveServer]:
     server.stop()
 
 
+@pytest.mark.slow  # model control: the unit suite's 10 minutes are spent
 async def test_the_encoder_stays_while_adapters_ride_on_it(
     controlled: LiveServer, expected: dict[str, Any]
 ) -> None:
@@ -334,6 +335,7 @@ async def test_the_encoder_stays_while_adapters_ride_on_it(
         same(await answer(c, "sst-lora"), expected["sst-lora"], "sst-lora")
 
 
+@pytest.mark.slow  # model control: the unit suite's 10 minutes are spent
 async def test_an_adapter_without_its_encoder_fails_alone_and_says_which(
     dirs: Dirs, tmp_path: Path, expected: dict[str, Any]
 ) -> None:
@@ -361,6 +363,7 @@ async def test_an_adapter_without_its_encoder_fails_alone_and_says_which(
         server.stop()
 
 
+@pytest.mark.slow  # model control: the unit suite's 10 minutes are spent
 async def test_poll_mode_loads_an_encoder_before_its_adapters_and_unloads_it_after(
     dirs: Dirs, tmp_path: Path
 ) -> None:
