@@ -112,7 +112,8 @@ async def test_classify(served: Service, shared_data: Path, family: str) -> None
 async def test_ner_every_strategy(served: Service, shared_data: Path, family: str) -> None:
     texts = conll_sentences(shared_data, 16, min_words=6) + UNICODE_TEXTS + SPACED
     found = 0
-    for strategy in STRATEGIES:
+    ties: set[str] = set()
+    for strategy in ("none", *(s for s in STRATEGIES if s != "none")):
         recognizer = pipe(family, "ner", aggregation_strategy=strategy)
         ours = await post(
             served,
@@ -125,10 +126,17 @@ async def test_ner_every_strategy(served: Service, shared_data: Path, family: st
         )
         key = "entity" if strategy == "none" else "entity_group"
         for text, o in zip(texts, ours, strict=True):
+            if text in ties:
+                continue
             t = recognizer(text)
-            assert [(e[key], e["start"], e["end"]) for e in o] == [
-                (e[key], e["start"], e["end"]) for e in t
-            ], (strategy, text)
+            mine = [(e[key], e["start"], e["end"]) for e in o]
+            theirs = [(e[key], e["start"], e["end"]) for e in t]
+            if strategy == "none" and mine != theirs and near_tie(o, t):
+                # The random model's two best labels of a token within float noise: the CPU's
+                # kernels decide (AVX-512 and AVX2 order sums differently), not the service.
+                ties.add(text)
+                continue
+            assert mine == theirs, (strategy, text)
             assert [e["score"] for e in o] == pytest.approx(
                 [float(e["score"]) for e in t], abs=1e-4
             ), (strategy, text)
@@ -136,8 +144,21 @@ async def test_ner_every_strategy(served: Service, shared_data: Path, family: st
             # byte-level BPE, lower-cased for ALBERT)
             assert all(e["word"] == text[e["start"] : e["end"]] for e in o)
             found += len(o)
+    assert len(ties) <= 1, ties  # a tie is the odd token, not the rule
     assert found > 50, found  # the random model does name things: not a vacuous comparison
     COMPARED[family, "/ner x 5"] = len(texts)
+
+
+def near_tie(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> bool:
+    """Strategy "none": the tokens are the same, and where the labels differ each side's best
+    score equals the other's within 1e-5 (the two labels tie: either is the argmax)."""
+    if [(e["start"], e["end"]) for e in ours] != [(e["start"], e["end"]) for e in theirs]:
+        return False
+    return all(
+        abs(a["score"] - float(b["score"])) < 1e-5
+        for a, b in zip(ours, theirs, strict=True)
+        if a["entity"] != b["entity"]
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
