@@ -846,9 +846,6 @@ def main(argv: list[str] | None = None) -> int:
             "--out models/sst2 --variants fp32,int8",
             "python -m training.export --checkpoint runs/tiny --task fill-mask "
             "--out models/tiny-fill-mask",
-            "python -m training.export --checkpoint MINILM --task encoder --out models/minilm-encoder",
-            "python -m training.export --checkpoint runs/sst2-lora/best "
-            "--base-package models/minilm-encoder --out models/sst2-lora",
         ],
     )
     try:
