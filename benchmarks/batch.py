@@ -8,6 +8,7 @@ part with an uninterrupted run).
     python -m benchmarks.packages --only minilm-embed           # models/bench/minilm-embed
     python -m benchmarks.batch --package models/bench/minilm-embed --rows 100000 \\
         --memory-rows 100000,1000000
+    python -m benchmarks.batch --memory-only --memory-rows 100000,1000000   # that table alone
 
 Every figure has two forms: rows per second, and CPU milliseconds per row (user + system of
 every process doing the work, the load generator left out). On a machine shared with other
@@ -299,6 +300,20 @@ def resume_check(args: list[str], reference: Path, parts: int) -> dict[str, Any]
             "identical": same and errors_same}  # fmt: skip
 
 
+def peak_memory(package: Path, threads: int, data: Path, work: Path, sizes: str) -> list[dict]:
+    """The command's peak RSS (int8, parts of PART_ROWS) at each of `sizes` rows ("100000,...")."""
+    memory = []
+    for n in sorted(int(x) for x in sizes.split(",")):
+        log(f"peak memory at {n:,} rows, parts of {PART_ROWS:,}")
+        big = write_input(work, data, n)
+        run = command(batch_args(package, "int8", threads, big, work / f"mem-{n}", PART_ROWS))
+        f = batch_figure(run, n)
+        memory.append({"rows": n, "peak_rss_mib": f["peak_rss_mib"], "rows_per_s": f["rows_per_s"],
+                       "wall_s": run["wall_s"]})  # fmt: skip
+        shutil.rmtree(work / f"mem-{n}", ignore_errors=True)
+    return memory
+
+
 def ray_vs_single(package: Path, threads: int, source: Path, rows: int, work: Path) -> dict:
     """The command on `threads` threads in one process, and --ray with 2 actors of
     threads / 2 each, int8: steady rows/s (after the first part) and wall time with start."""
@@ -351,8 +366,10 @@ def markdown(result: dict[str, Any]) -> str:
                   + ", ".join(f"{v} {d['batch']['rows_per_s'] / st['rows_per_s']:.2f}x rows/s, "
                               f"{st['cpu_ms_per_row'] / d['batch']['cpu_ms_per_row']:.2f}x less CPU per row"
                               for v, d in result["throughput"].items()) + "."]  # fmt: skip
+    apart = (f"; measured apart, by `{result['memory_command']}` on {result['memory_cpu']}"
+             if result.get("memory_command") else "")  # fmt: skip
     lines += ["", f"## Peak memory of the command (int8, parts of {PART_ROWS:,} rows)", "",
-              "Its own peak resident set (VmHWM, read every 0.1 s until it exits).", "",
+              f"Its own peak resident set (VmHWM, read every 0.1 s until it exits){apart}.", "",
               "| rows | peak RSS MiB | rows/s, start included | wall s |",
               "|---|---|---|---|"]  # fmt: skip
     for m in result["memory"]:
@@ -385,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--package", type=Path, default=Path("models/bench/minilm-embed"))
     p.add_argument("--rows", type=int, default=100_000, help="sentences of the rows/s figures")
     p.add_argument("--memory-rows", default="100000,1000000", help="two sizes for peak memory")
+    p.add_argument("--memory-only", action="store_true",
+                   help="run only the peak-memory table (1M rows: ~30 min on 2 cores) and put it in "
+                   "the results file already there, its other figures kept")  # fmt: skip
     p.add_argument("--variants", default="fp32,int8")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--http-levels", default="4,16", help="closed-loop clients to try")
@@ -405,6 +425,17 @@ def main(argv: list[str] | None = None) -> int:
     SPIN[:] = ["--intra-op-spinning" if a.spinning else "--no-intra-op-spinning"]
     data = shared_data(a.data)
     package = a.package.resolve()
+    stem = "batch" + (f"-{a.tag}" if a.tag else "")
+    if a.memory_only:
+        kept = json.loads((a.results / f"{stem}.json").read_text())
+        with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
+            kept["memory"] = peak_memory(package, a.threads, data, Path(tmp), a.memory_rows)
+        kept["memory_command"] = "python -m benchmarks.batch " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        kept["memory_cpu"] = f"{cpu_name()} ({os.cpu_count()} cores)"
+        log(f"wrote {write_results(a.results, stem, kept, shown(markdown(kept)))}")
+        return 0
     checkpoint = minilm_path()  # the checkpoint the package was exported from
     levels = [int(x) for x in a.http_levels.split(",")]
     result: dict[str, Any] = {
@@ -442,17 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             args = batch_args(package, "int8", a.threads, source, resumed)
             result["resume"] = resume_check(args, out, parts) | {"rows": a.rows}
             log(json.dumps(result["resume"]))
-            for n in (int(x) for x in a.memory_rows.split(",")):
-                log(f"peak memory at {n:,} rows, parts of {PART_ROWS:,}")
-                big = write_input(work, data, n)
-                run = command(
-                    batch_args(package, "int8", a.threads, big, work / f"mem-{n}", PART_ROWS)
-                )
-                f = batch_figure(run, n)
-                result["memory"].append({"rows": n, "peak_rss_mib": f["peak_rss_mib"], "rows_per_s": f["rows_per_s"],
-                                         "wall_s": run["wall_s"]})  # fmt: skip
-                shutil.rmtree(work / f"mem-{n}", ignore_errors=True)
-            result["memory"].sort(key=lambda m: m["rows"])
+            result["memory"] = peak_memory(package, a.threads, data, work, a.memory_rows)
         if not a.no_ray:
             n = a.ray_rows or a.rows
             log(f"Ray: 2 actors against one process, {n:,} rows")
@@ -461,7 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     result["peak_rss_harness_mib"] = round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1
     )
-    stem = "batch" + (f"-{a.tag}" if a.tag else "")
     path = write_results(a.results, stem, result, shown(markdown(result)))
     log(f"wrote {path}")
     return 0

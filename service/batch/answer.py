@@ -51,6 +51,37 @@ def error_of(exc: BaseException) -> tuple[str, str]:
     return getattr(exc, "message", str(exc)), getattr(exc, "error_type", "internal")
 
 
+async def answer_call(
+    engine: Engine,
+    task: Task,
+    options: dict[str, Any],
+    model: str | None,
+    rows: list[Row | None],
+    indices: list[int],
+    out: Answers,
+) -> None:
+    """Rows `indices` of `rows` answered in one call, into `out`; if the call fails on its
+    input, each row again on its own, so that a bad row costs only itself."""
+    # A function of the module, not a closure of answer_rows: a closure that calls itself is a
+    # reference cycle (function -> cell -> function), which keeps each part's rows and answers
+    # after the part is written, until CPython's next full collection, every ~4 parts. MiniLM
+    # int8, 300,000 rows in parts of 10,000: malloc's bytes in use 54-124 MiB from part to part
+    # with the closure, 53-66 without; the run's peak RSS 602 -> 523 MiB.
+    try:
+        batch = [rows[i] for i in indices]
+        answers = await task.answer(engine, batch, options, model, alone(engine))  # type: ignore[arg-type]
+    except ROW_ERRORS as exc:
+        if len(indices) == 1:
+            out.errors[indices[0]] = error_of(exc)
+            return
+        await asyncio.gather(  # find the bad row(s)
+            *(answer_call(engine, task, options, model, rows, [i], out) for i in indices)
+        )
+        return
+    for i, a in zip(indices, answers, strict=True):
+        out.answers[i] = a
+
+
 async def answer_rows(
     engine: Engine,
     task: Task,
@@ -66,22 +97,9 @@ async def answer_rows(
     live = sorted((i for i, r in enumerate(rows) if r is not None), key=lambda i: length(rows[i]))  # type: ignore[arg-type]
     size = 1 if task.per_row else chunk
 
-    async def one(indices: list[int]) -> None:
-        try:
-            batch = [rows[i] for i in indices]
-            answers = await task.answer(engine, batch, options, model, alone(engine))  # type: ignore[arg-type]
-        except ROW_ERRORS as exc:
-            if len(indices) == 1:
-                out.errors[indices[0]] = error_of(exc)
-                return
-            await asyncio.gather(*(one([i]) for i in indices))  # find the bad row(s)
-            return
-        for i, a in zip(indices, answers, strict=True):
-            out.answers[i] = a
-
     async def held(indices: list[int]) -> None:
         try:
-            await one(indices)
+            await answer_call(engine, task, options, model, rows, indices, out)
         finally:
             slots.release()
 

@@ -133,10 +133,11 @@ class Summary:
 
 def release_memory() -> None:
     """Freed memory goes back to the system, so that a run's memory stays flat over its parts:
-    Arrow's buffers from the system allocator (its default, mimalloc, kept ~2 MiB more a part:
-    300k rows, tiny model, 341 -> 391 MiB and growing; with it, 254 -> 287 MiB, flat from the
-    tenth part), and glibc's large blocks mapped apart, as the server does (service.malloc).
-    Once per process, before anything is read."""
+    the buffers of Arrow's Python calls from the system allocator (its default, mimalloc, kept
+    ~2 MiB more a part: 300k rows, tiny model, 341 -> 391 MiB and growing; with it, 254 -> 287
+    MiB, flat from the tenth part; its C++ code's: service/batch/__init__.py), and glibc's large
+    blocks mapped apart, as the server does (service.malloc). Once per process, before
+    anything is read."""
     pa.set_memory_pool(pa.system_memory_pool())
     keep_large_blocks_mapped()
 

@@ -1,12 +1,14 @@
 """service.batch.answer on a stand-in engine that records what it was asked: rows go to the
 engine sorted by length, in calls of CHUNK, and come back in the window's order; a call that
 fails on its input is asked again row by row, so only the bad row fails; what no row causes
-stops the run; the calls in flight never exceed the slots."""
+stops the run; the calls in flight never exceed the slots; no reference cycle keeps a window."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -94,3 +96,16 @@ async def test_calls_in_flight_never_exceed_the_slots() -> None:
         answer_rows(engine, TASKS["embed"], {}, window(400, 2), slots),  # type: ignore[arg-type]
     )  # two windows at once, as two parts overlap
     assert engine.most_in_flight == 3
+
+
+async def test_a_window_is_freed_when_dropped_without_the_cycle_collector() -> None:
+    """No reference cycle holds a window's answers: a run frees each part as it is written,
+    not at CPython's next full collection (which came every few parts)."""
+    gc.disable()
+    try:
+        out = await answer_rows(Recorder(), TASKS["embed"], {}, window(200), asyncio.Semaphore(2))  # type: ignore[arg-type]
+        gone = weakref.ref(out)
+        del out
+        assert gone() is None
+    finally:
+        gc.enable()

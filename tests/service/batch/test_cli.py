@@ -1,11 +1,12 @@
 """`python -m service.batch`: --help names every task and each endpoint's options, one line
 each; a flag's value is read as its body field's type and checked by that body, with the
 endpoint's message; the command's errors are one line, exit 2; only the Ray stage imports Ray,
-and the command imports neither Ray nor torch."""
+the command imports neither Ray nor torch, and its Arrow allocates from the system allocator."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -117,3 +118,16 @@ def test_the_command_imports_neither_ray_nor_torch() -> None:
         "training",
         "fastapi",
     }
+
+
+def test_the_command_s_arrow_allocates_from_the_system_allocator() -> None:
+    """Arrow picks the pool of its C++ code (the Parquet reader's and writer's buffers) once,
+    on its import: service.batch sets it first, as `python -m service.batch` imports it."""
+    code = (
+        "import service.batch.__main__, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "system"
