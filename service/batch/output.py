@@ -100,7 +100,7 @@ class Output:
                 f.flush()
                 os.fsync(f.fileno())
         hidden = self.folder / f".{part_name(index)}"
-        pq.write_table(table, hidden)
+        pq.write_table(table, hidden, use_dictionary=dictionary_columns(table.schema))
         with hidden.open("rb") as f:
             os.fsync(f.fileno())
         os.replace(hidden, self.folder / part_name(index))
@@ -111,6 +111,28 @@ class Output:
         """Mark the run complete; `figures` (rows, seconds...) go in the marker, as JSON."""
         _write_atomic(self.folder / SUCCESS, json.dumps(figures) + "\n")
         self.complete = True
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet leaf columns worth a dictionary: every one but floating point. A float's
+    dictionary is as long as its values, and building it first cost a part of 10,000 MiniLM
+    vectors ~40 MiB more while written (38 against 101 MiB over the table; the file 0.6 MiB
+    larger): the peak of a batch run came from it. Labels, tokens and the like keep theirs."""
+    leaves = [leaf for field in schema for leaf in _leaves(field.name, field.type)]
+    return [path for path, floating in leaves if not floating]
+
+
+def _leaves(path: str, kind: pa.DataType) -> list[tuple[str, bool]]:
+    """(Parquet column path, is floating point) of each leaf under `kind`."""
+    if pa.types.is_struct(kind):
+        return [leaf for f in kind for leaf in _leaves(f"{path}.{f.name}", f.type)]
+    if pa.types.is_map(kind):
+        return _leaves(f"{path}.key_value.key", kind.key_type) + _leaves(
+            f"{path}.key_value.value", kind.item_type
+        )
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(f"{path}.list.element", kind.value_type)
+    return [(path, pa.types.is_floating(kind))]
 
 
 def _write_atomic(path: Path, text: str) -> None:

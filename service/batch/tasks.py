@@ -258,10 +258,11 @@ def to_arrow(task: Task, answers: list[Any], kind: pa.DataType) -> pa.Array:
     """One Arrow array of `answers` (None where a row failed), of type `kind`."""
     if task.name == "embed":
         size = kind.list_size
-        flat = np.zeros((len(answers), size), dtype=np.float32)
+        flat = np.zeros((len(answers), size), dtype=np.float32)  # one buffer, no stacked copy
         ok = np.array([a is not None for a in answers], dtype=bool)
-        if ok.any():
-            flat[ok] = np.stack([a for a in answers if a is not None])
+        for i, vector in enumerate(answers):
+            if vector is not None:
+                flat[i] = vector
         values = pa.array(flat.reshape(-1), type=pa.float32())
         return pa.FixedSizeListArray.from_arrays(values, size, mask=pa.array(~ok))
     if task.name == "embed_all":
