@@ -8,7 +8,8 @@ part with an uninterrupted run).
     python -m benchmarks.packages --only minilm-embed           # models/bench/minilm-embed
     python -m benchmarks.batch --package models/bench/minilm-embed --rows 100000 \\
         --memory-rows 100000,1000000
-    python -m benchmarks.batch --memory-only --memory-rows 100000,1000000   # that table alone
+    python -m benchmarks.batch --only memory --memory-rows 100000,1000000   # that table alone
+    python -m benchmarks.batch --only ray --ray-rows 100000                 # or that one
 
 Every figure has two forms: rows per second, and CPU milliseconds per row (user + system of
 every process doing the work, the load generator left out). On a machine shared with other
@@ -75,9 +76,12 @@ def command(args: list[str], kill_at_parts: tuple[Path, int] | None = None) -> d
     process = subprocess.Popen([sys.executable, "-m", "service.batch", *args], cwd=REPO,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     peak = 0  # KiB: the process's own high-water mark (VmHWM), read until it exits
+    out = Path(args[args.index("--output") + 1])
+    by_parts: dict[int, int] = {}  # parts written -> the high-water mark when they were
     sent = False
     while True:
         peak = max(peak, high_water_kib(process.pid))
+        by_parts.setdefault(len(list(out.glob("part-*.parquet"))) if out.is_dir() else 0, peak)
         if kill_at_parts is not None:
             folder, k = kill_at_parts
             if not sent and len(list(folder.glob("part-*.parquet"))) >= k:
@@ -92,13 +96,13 @@ def command(args: list[str], kill_at_parts: tuple[Path, int] | None = None) -> d
     wall = time.perf_counter() - start
     if kill_at_parts is None and process.returncode != 0:
         raise RuntimeError(f"service.batch failed ({process.returncode}):\n{stderr[-3000:]}")
-    out = Path(args[args.index("--output") + 1])
     success = out / "_SUCCESS"
     return {
         "wall_s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         # not wait4's ru_maxrss: after a fork and exec it is the parent's peak when larger
         "peak_rss_mib": round(peak / 1024, 1),
+        "peak_rss_mib_by_parts": {k: round(v / 1024, 1) for k, v in sorted(by_parts.items())},
         "exit": process.returncode,
         "figures": json.loads(success.read_text()) if success.exists() else None,
         # the machine's busy cores that were neither this harness's nor the command's
@@ -308,8 +312,12 @@ def peak_memory(package: Path, threads: int, data: Path, work: Path, sizes: str)
         big = write_input(work, data, n)
         run = command(batch_args(package, "int8", threads, big, work / f"mem-{n}", PART_ROWS))
         f = batch_figure(run, n)
+        marks = run["peak_rss_mib_by_parts"]  # the peak once a tenth, and half, were written
+        tenth = {share: next((v for k, v in marks.items() if k >= share * n / PART_ROWS), None)
+                 for share in (0.1, 0.5)}  # fmt: skip
         memory.append({"rows": n, "peak_rss_mib": f["peak_rss_mib"], "rows_per_s": f["rows_per_s"],
-                       "wall_s": run["wall_s"]})  # fmt: skip
+                       "wall_s": run["wall_s"], "peak_rss_mib_at_10pct": tenth[0.1],
+                       "peak_rss_mib_at_50pct": tenth[0.5]})  # fmt: skip
         shutil.rmtree(work / f"mem-{n}", ignore_errors=True)
     return memory
 
@@ -369,16 +377,21 @@ def markdown(result: dict[str, Any]) -> str:
     apart = (f"; measured apart, by `{result['memory_command']}` on {result['memory_cpu']}"
              if result.get("memory_command") else "")  # fmt: skip
     lines += ["", f"## Peak memory of the command (int8, parts of {PART_ROWS:,} rows)", "",
-              f"Its own peak resident set (VmHWM, read every 0.1 s until it exits){apart}.", "",
-              "| rows | peak RSS MiB | rows/s, start included | wall s |",
-              "|---|---|---|---|"]  # fmt: skip
+              f"Its own peak resident set (VmHWM, read every 0.1 s until it exits){apart}; "
+              "the same run's peak so far once a tenth and half its rows were written.", "",
+              "| rows | peak RSS MiB | at 10% of the rows | at 50% | rows/s, start included | wall s |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for m in result["memory"]:
         lines.append(
-            f"| {m['rows']:,} | {m['peak_rss_mib']} | {m['rows'] / m['wall_s']:,.0f} | {m['wall_s']} |"
+            f"| {m['rows']:,} | {m['peak_rss_mib']} | {m.get('peak_rss_mib_at_10pct', '-')} "
+            f"| {m.get('peak_rss_mib_at_50pct', '-')} | {m['rows'] / m['wall_s']:,.0f} | {m['wall_s']} |"
         )
     if result.get("ray"):
         r = result["ray"]
+        apart = (f"Measured apart, by `{result['ray_command']}` on {result['ray_cpu']}."
+                 if result.get("ray_command") else "")  # fmt: skip
         lines += ["", f"## Ray: two local actors against one process ({r['rows']:,} rows, int8)", "",
+                  *([apart, ""] if apart else []),
                   "| run | rows/s after the first part | rows/s with start-up | wall s |", "|---|---|---|---|",
                   f"| one process, {result['threads']} threads | {r['single']['rows_per_s']:,.0f} | "
                   f"{r['single']['rows_per_s_with_start']:,.0f} | {r['single']['wall_s']} |",
@@ -402,9 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--package", type=Path, default=Path("models/bench/minilm-embed"))
     p.add_argument("--rows", type=int, default=100_000, help="sentences of the rows/s figures")
     p.add_argument("--memory-rows", default="100000,1000000", help="two sizes for peak memory")
-    p.add_argument("--memory-only", action="store_true",
-                   help="run only the peak-memory table (1M rows: ~30 min on 2 cores) and put it in "
-                   "the results file already there, its other figures kept")  # fmt: skip
+    p.add_argument("--only", choices=("memory", "ray"),
+                   help="run only the peak-memory table (1M rows: ~17 min on 2 cores) or the Ray one, "
+                   "and put it in the results file already there, its other figures kept")  # fmt: skip
     p.add_argument("--variants", default="fp32,int8")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--http-levels", default="4,16", help="closed-loop clients to try")
@@ -426,14 +439,19 @@ def main(argv: list[str] | None = None) -> int:
     data = shared_data(a.data)
     package = a.package.resolve()
     stem = "batch" + (f"-{a.tag}" if a.tag else "")
-    if a.memory_only:
+    if a.only:
         kept = json.loads((a.results / f"{stem}.json").read_text())
         with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
-            kept["memory"] = peak_memory(package, a.threads, data, Path(tmp), a.memory_rows)
-        kept["memory_command"] = "python -m benchmarks.batch " + " ".join(
+            work = Path(tmp)
+            if a.only == "memory":
+                kept["memory"] = peak_memory(package, a.threads, data, work, a.memory_rows)
+            else:
+                n = a.ray_rows or a.rows
+                kept["ray"] = ray_vs_single(package, a.threads, write_input(work, data, n), n, work)
+        kept[f"{a.only}_command"] = "python -m benchmarks.batch " + " ".join(
             argv if argv is not None else sys.argv[1:]
         )
-        kept["memory_cpu"] = f"{cpu_name()} ({os.cpu_count()} cores)"
+        kept[f"{a.only}_cpu"] = f"{cpu_name()} ({os.cpu_count()} cores)"
         log(f"wrote {write_results(a.results, stem, kept, shown(markdown(kept)))}")
         return 0
     checkpoint = minilm_path()  # the checkpoint the package was exported from
