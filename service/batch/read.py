@@ -107,8 +107,15 @@ class ParquetReader(Reader):
             elif not groups:
                 start += n
         wanted = list(dict.fromkeys([*self.columns.values(), *self.keep]))
-        batches = self.file.iter_batches(
-            batch_size=min(part_rows, 65_536), row_groups=groups, columns=wanted
+        # One row group at a time: iter_batches over them all read ahead by the file's size
+        # (Arrow held 13.8 MiB of a 300k-row file's text and 33.8 of a 1M-row one's, SST-2
+        # sentences in groups of 50k; 4.7 either way group by group), and the run's peak with it.
+        batches = (
+            batch
+            for g in groups
+            for batch in self.file.iter_batches(
+                batch_size=min(part_rows, 65_536), row_groups=[g], columns=wanted
+            )
         )
         held: list[pa.RecordBatch] = []
         offset, rows, index = first - start, 0, skip  # rows of the first group before `first`
